@@ -1,0 +1,45 @@
+#pragma once
+/// The metadata backend concept: where segment descriptors live.
+///
+/// A backend stores one JSON descriptor per segment name.  Keys on shared
+/// stores follow Mooncake's scheme, `mooncake/[<cluster_id>/]ram/<segment>`,
+/// so tide and Mooncake peers can share one etcd or HTTP metadata server.
+/// Shipped models: tide::policy::p2p, etcd, http, in_process.
+
+#include <tide/result.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <string>
+#include <string_view>
+
+namespace tide {
+
+/// How to reach the metadata store; one struct for every backend.
+struct metadata_config {
+  /// "P2PHANDSHAKE", "etcd://host:port[,host:port...]", "http://host:port/path",
+  /// or empty for in_process.
+  std::string connection;
+  /// Optional key prefix: keys become mooncake/<cluster_id>/ram/<segment>.
+  std::string cluster_id;
+  /// Bound on every backend round trip (connect + request + reply).
+  std::chrono::milliseconds timeout{3000};
+};
+
+/// Requires: B is constructible from a metadata_config (a bad connection
+/// string is reported by the first call, as errc::config_invalid);
+/// get_segment returns the stored JSON text, errc::segment_not_found when
+/// nothing is stored under that name, errc::metadata_unavailable when the
+/// store cannot be reached within the timeout; put/remove likewise.
+/// Thread safety: every call may be made from several threads at once.
+template <class B>
+concept metadata_backend =
+    std::constructible_from<B, const metadata_config&> &&
+    requires(B& b, std::string_view name, std::string_view json) {
+      { B::kName } -> std::convertible_to<std::string_view>;
+      { b.get_segment(name) } -> std::same_as<result<std::string>>;
+      { b.put_segment(name, json) } -> std::same_as<status>;
+      { b.remove_segment(name) } -> std::same_as<status>;
+    };
+
+}  // namespace tide
