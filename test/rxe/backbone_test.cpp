@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace v = tide::verbs;
 using tide::errc;
 
@@ -291,6 +293,8 @@ TEST_CASE("a READ outside the peer's region completes with remote_access_error")
   CHECK(err.code == e);
   std::printf("READ of %s [end-96, end+4000) from %s: %s after %.3f s\n", b->name.c_str(), a->name.c_str(),
               err.message().c_str(), secs);
+  // The responder's QP fails too (rxe reports it with no async event).
+  CHECK(take(b->qp.state(), "state") == IBV_QPS_ERR);
   // The failed QP is in ERR; new WRs complete flushed, immediately.
   CHECK(take(a->qp.state(), "state") == IBV_QPS_ERR);
   const errc again = run_one(*a, IBV_WR_RDMA_READ, a->base(), b->remote_base(), b->mr.rkey(), 64,
@@ -300,6 +304,75 @@ TEST_CASE("a READ outside the peer's region completes with remote_access_error")
   REQUIRE(a->qp.to_reset());
   CHECK(take(a->qp.state(), "state") == IBV_QPS_RESET);
   CHECK(a->qp.to_init(kPort));
+}
+
+TEST_CASE("async events: a port going down and up again is reported") {
+  // Taking a link down disturbs everything on it: only inside tide's own VM.
+  if (std::getenv("RXE_VM") == nullptr) {
+    std::printf("not in tools/rxe-vm: port events not provoked\n");
+    return;
+  }
+  const auto name = devices_under_test()[1];
+  auto ctx = take(v::context::open(name), "open");
+  const auto table = take(v::read_gid_table(name, kPort), "read_gid_table");
+  const int idx = take(v::select_gid_index(table, name, kPort), "select_gid_index");
+  std::string netdev;
+  for (const auto& e : table)
+    if (e.index == idx) netdev = e.netdev;
+  REQUIRE_FALSE(netdev.empty());
+  // Waits up to 10 s for an event of `type`; the others seen are listed.
+  auto wait_for = [&](ibv_event_type type) {
+    std::string seen;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (const auto ev = ctx.next_async_event()) {
+        seen.append(ev->name()).append(" ");
+        if (ev->type == type) return std::optional<v::async_event>(ev);
+      } else {
+        ::usleep(5000);
+      }
+    }
+    INFO("events seen: " << seen);
+    return std::optional<v::async_event>();
+  };
+  // Link down flushes the IPv4 routes on the netdev, among them the VM's policy
+  // routes that keep rxe0 <-> rxe1 traffic on the veth pair: save and restore them.
+  const std::string routes = "/tmp/tide-routes-" + netdev;
+  const std::string down = "ip -o -4 route show table all dev " + netdev + " > " + routes + " && ip link set " +
+                           netdev + " down";
+  // Routes the kernel adds back by itself fail to replace: ignored.
+  const std::string up = "ip link set " + netdev + " up && { while read -r r; do ip route replace $r dev " + netdev +
+                         " 2>/dev/null; done < " + routes + "; true; }";
+  REQUIRE(std::system(down.c_str()) == 0);
+  const auto err = wait_for(IBV_EVENT_PORT_ERR);
+  REQUIRE(std::system(up.c_str()) == 0);
+  const auto active = wait_for(IBV_EVENT_PORT_ACTIVE);
+  REQUIRE(err.has_value());
+  CHECK(err->port_num == kPort);
+  CHECK(err->severity() == errc::port_down);
+  REQUIRE(active.has_value());
+  CHECK(active->severity() == errc::ok);
+  // The port is usable again before the next test case.
+  for (int i = 0; i < 100 && take(ctx.query_port(kPort), "query_port").state != IBV_PORT_ACTIVE; ++i) ::usleep(50000);
+  CHECK(take(ctx.query_port(kPort), "query_port").state == IBV_PORT_ACTIVE);
+  // Traffic across the pair works again (later suites in this VM depend on it).
+  {
+    const auto names = devices_under_test();
+    auto a = open_side(names[0]);
+    auto b = open_side(names[1]);
+    connect(*a, *b);
+    for (std::size_t i = 0; i < 4096; ++i) b->base()[i] = std::byte{pattern(i, 7)};
+    ibv_wc wc{};
+    REQUIRE(run_one(*b, IBV_WR_RDMA_WRITE, b->base(), a->remote_base(), a->mr.rkey(), 4096, std::chrono::seconds(30),
+                    wc) == errc::ok);
+    CHECK(std::memcmp(a->base(), b->base(), 4096) == 0);
+  }
+  // Address changes that follow a link coming up show up as more events; drain them.
+  std::string more;
+  while (const auto ev = ctx.next_async_event()) more.append(" ").append(ev->name());
+  std::printf("%s (%s) down/up: async events %s then %s on port %d; then:%s\n", name.c_str(), netdev.c_str(),
+              std::string(err->name()).c_str(), std::string(active->name()).c_str(), err->port_num,
+              more.empty() ? " none" : more.c_str());
 }
 
 TEST_CASE("destroying everything leaves no QP or MR behind") {
