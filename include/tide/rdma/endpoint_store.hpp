@@ -20,6 +20,16 @@
 /// take it exclusively, for O(1) work plus the policy's evict().  The drain
 /// list has its own mutex, so reclaim() never blocks finds.  Endpoint
 /// factories, on_evict() and endpoint destructors run with no lock held.
+///
+/// Use (data path):
+///   auto store = endpoint_store<rdma_endpoint, P::eviction>::create(max_endpoints);  // result<unique_ptr>
+///   auto ep = (*store)->get_or_insert(peer_nic_path, [&](std::string_view key) {
+///     return rdma_endpoint::create(ctx, key);         // result<std::unique_ptr<rdma_endpoint>>
+///   });
+///   if (!ep) return fail(ep.error());
+///   (*ep)->post(slices);   // outstanding() grows; the CQ poller shrinks it
+///   ep->reset();           // or let the handle go out of scope
+///   // monitor thread, about 1 Hz: (*store)->reclaim();
 
 #include <tide/detail/log.hpp>
 #include <tide/detail/sharded_shared_mutex.hpp>
@@ -122,6 +132,7 @@ class endpoint_store {
     }
 
     [[nodiscard]] explicit operator bool() const noexcept { return n_ != nullptr; }
+    /// Requires: the handle is not empty.
     [[nodiscard]] Endpoint& operator*() const noexcept { return *n_->endpoint; }
     [[nodiscard]] Endpoint* operator->() const noexcept { return n_->endpoint.get(); }
     [[nodiscard]] Endpoint* get() const noexcept { return n_ != nullptr ? n_->endpoint.get() : nullptr; }
