@@ -24,7 +24,7 @@ static_assert(tide::policy_set<arch::policies>);
 
 // Every non-template member of the store, compiled against the archetypes.
 template class tide::endpoint_store<arch::endpoint, arch::eviction>;
-template class tide::static_shard_count<arch::shard_hash, 3>;
+template struct tide::static_shard_count<arch::shard_hash, 3>;
 
 // Policy sets: the defaults, overrides, and sets that must be rejected.
 static_assert(tide::policy_set<tide::default_policies>);
