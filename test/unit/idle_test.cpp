@@ -140,19 +140,26 @@ TEST_CASE("membarrier is available here (exact wake-ups)") {
 }
 
 TEST_CASE("hybrid: spins for the window, then sleeps, and wake() ends the sleep") {
-  auto idle = pol::hybrid::create({.spin = 20ms, .max_sleep = 20s});
+  constexpr auto kSpin = 200ms;
+  auto idle = pol::hybrid::create({.spin = kSpin, .max_sleep = 20s});
   REQUIRE(idle.has_value());
   harness<pol::hybrid> h(*idle);
+  const auto t0 = clk::now();
   h.start();
   std::this_thread::sleep_for(5ms);
-  CHECK(idle->sleeps() == 0);  // still inside the spin window
-  const auto until = clk::now() + 5s;
+  // Read the count first, then the clock: if the window had not elapsed by
+  // then, the worker cannot have slept yet (this holds however late the
+  // scheduler runs this thread).
+  const auto early = idle->sleeps();
+  if (clk::now() - t0 < kSpin) CHECK(early == 0);
+  const auto until = clk::now() + 10s;
   while (idle->sleeps() == 0 && clk::now() < until) std::this_thread::sleep_for(1ms);
   REQUIRE(idle->sleeps() > 0);  // asleep now, for up to 20 s
-  const auto t0 = clk::now();
+  CHECK(clk::now() - t0 >= kSpin);  // and not before the spin window ended
+  const auto t_wake = clk::now();
   h.produce();
   CHECK(h.drained_within(2s));  // far below the 20 s cap: wake() did it
-  MESSAGE("hybrid wake-up observed after " << std::chrono::duration<double, std::micro>(clk::now() - t0).count()
+  MESSAGE("hybrid wake-up observed after " << std::chrono::duration<double, std::micro>(clk::now() - t_wake).count()
                                            << " us (including the observer's polling)");
   h.stop();
 }
