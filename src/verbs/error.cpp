@@ -61,28 +61,12 @@ errc errc_from_wc_status(ibv_wc_status status) noexcept {
   }
 }
 
-namespace {
-std::string_view opcode_name(ibv_wc_opcode op) noexcept {
-  switch (op) {
-    case IBV_WC_SEND: return "SEND";
-    case IBV_WC_RDMA_WRITE: return "RDMA_WRITE";
-    case IBV_WC_RDMA_READ: return "RDMA_READ";
-    case IBV_WC_COMP_SWAP: return "COMP_SWAP";
-    case IBV_WC_FETCH_ADD: return "FETCH_ADD";
-    case IBV_WC_RECV: return "RECV";
-    case IBV_WC_RECV_RDMA_WITH_IMM: return "RECV_RDMA_WITH_IMM";
-    default: return "completion";
-  }
-}
-}  // namespace
-
 error wc_error(const ibv_wc& wc, std::string_view device) {
   char vendor[16];
   std::snprintf(vendor, sizeof vendor, "0x%x", wc.vendor_err);
   std::string d;
-  // The opcode of a failed completion is only valid on success for some
-  // providers; it is printed as a hint, the status is what counts.
-  d.append(opcode_name(wc.opcode)).append(" wr_id=").append(std::to_string(wc.wr_id));
+  // wc.opcode is undefined in a failed completion: only wr_id says which WR it was.
+  d.append("wr_id=").append(std::to_string(wc.wr_id));
   d.append(" qp_num=").append(std::to_string(wc.qp_num)).append(" on ").append(device).append(": ");
   d.append(::ibv_wc_status_str(wc.status)).append(" (status ").append(std::to_string(static_cast<int>(wc.status)));
   d.append(", vendor_err ").append(vendor).append(")");

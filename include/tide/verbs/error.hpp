@@ -41,7 +41,7 @@ namespace tide::verbs {
 [[nodiscard]] errc errc_from_wc_status(ibv_wc_status status) noexcept;
 
 /// The error for a failed work completion: code from errc_from_wc_status, detail
-/// "<opcode> wr_id=N on <device>: <ibv_wc_status_str> (status N, vendor_err 0xN)".
+/// "wr_id=N qp_num=N on <device>: <ibv_wc_status_str> (status N, vendor_err 0xN)".
 /// Allocates; call it off the hot path, once per failed completion.
 [[nodiscard]] error wc_error(const ibv_wc& wc, std::string_view device);
 
