@@ -58,6 +58,13 @@ struct engine_config {
   int mtu = 4096;                          ///< path MTU cap (bytes)
   std::uint8_t ib_port = 1;
   unsigned max_retry = 4;                  ///< other NIC paths tried per failed slice
+  /// RC transport retries (QP retry_cnt) and ACK timeout exponent (4.096 us
+  /// * 2^timeout).  Mooncake uses 7 and 14; tide's default retry_cnt is 6
+  /// because Soft-RoCE (rdma_rxe) treats 7 as "retry forever", so a dead
+  /// peer never fails its WRs there.  On real NICs 6 and 7 differ by one
+  /// retry.  0..7 and 0..31.
+  std::uint8_t qp_retry_cnt = 6;
+  std::uint8_t qp_timeout = 14;
   std::chrono::milliseconds transfer_timeout{30000};
   std::chrono::milliseconds metadata_timeout{3000};
   std::chrono::milliseconds handshake_connect_timeout{5000};
@@ -70,7 +77,8 @@ struct engine_config {
 
   /// Applies TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
-  /// RETRY_CNT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON, METADATA_CLUSTER_ID.
+  /// RETRY_CNT, QP_RETRY_CNT, QP_TIMEOUT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON,
+  /// METADATA_CLUSTER_ID.
   /// Errors: config_invalid naming the variable.
   [[nodiscard]] status apply_env();
 };

@@ -42,6 +42,8 @@ status engine_config::apply_env() {
   if (auto r = number("MTU", mtu, 256, 4096); !r) return r;
   if (auto r = number("IB_PORT", ib_port, 1, 255); !r) return r;
   if (auto r = number("RETRY_CNT", max_retry, 0, 64); !r) return r;
+  if (auto r = number("QP_RETRY_CNT", qp_retry_cnt, 0, 7); !r) return r;
+  if (auto r = number("QP_TIMEOUT", qp_timeout, 0, 31); !r) return r;
   long long timeout_ms = transfer_timeout.count();
   if (auto r = number("TRANSFER_TIMEOUT_MS", timeout_ms, 1, 1LL << 40); !r) return r;
   transfer_timeout = std::chrono::milliseconds(timeout_ms);

@@ -111,6 +111,10 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.context.num_qp_per_ep = e->cfg_.num_qp_per_ep;
   tc.context.workers = e->cfg_.workers_per_context;
   tc.context.endpoint_capacity = e->cfg_.endpoint_capacity;
+  if (e->cfg_.qp_retry_cnt > 7 || e->cfg_.qp_timeout > 31)
+    return fail(errc::config_invalid, "qp_retry_cnt must be 0..7 and qp_timeout 0..31");
+  tc.context.rc.retry_cnt = e->cfg_.qp_retry_cnt;
+  tc.context.rc.timeout = e->cfg_.qp_timeout;
   tc.context.sysfs_root = e->cfg_.sysfs_root;
   tc.devices = e->cfg_.devices;
   tc.slice_size = e->cfg_.slice_size;

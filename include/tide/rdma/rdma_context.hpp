@@ -86,12 +86,19 @@ class rdma_context {
   /// Teardown: every endpoint to ERR (in-flight WRs flush), workers drain
   /// and stop, then endpoints, CQs, channels, PD and device close.
   ~rdma_context() {
-    if (store_) store_->for_each([](std::string_view, endpoint& e) { e.disable(); });
-    pool_.stop();
-    store_.reset();
+    shutdown();
     cqs_.clear();
     channels_.clear();
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  }
+
+  /// Phase one of teardown: every endpoint to ERR, workers drain and stop,
+  /// endpoints destroyed.  MRs of this PD may be deregistered afterwards.
+  /// Idempotent; setup path.
+  void shutdown() noexcept {
+    if (store_) store_->for_each([](std::string_view, endpoint& e) { e.disable(); });
+    pool_.stop();
+    store_.reset();
   }
 
   [[nodiscard]] const std::string& name() const noexcept { return cfg_.device; }
@@ -155,8 +162,8 @@ class rdma_context {
     s.slices_posted = slices_posted_.load(std::memory_order_relaxed);
     s.bytes_posted = bytes_posted_.load(std::memory_order_relaxed);
     s.endpoints_created = endpoints_created_.load(std::memory_order_relaxed);
-    s.endpoints_live = store_->size();
-    s.endpoints_draining = store_->draining();
+    s.endpoints_live = store_ ? store_->size() : 0;
+    s.endpoints_draining = store_ ? store_->draining() : 0;
     s.port_errors = port_errors_.load(std::memory_order_relaxed);
     s.qp_fatal = qp_fatal_.load(std::memory_order_relaxed);
     return s;
@@ -235,8 +242,8 @@ class rdma_context {
     (void)store_->clear();
   }
 
-  [[nodiscard]] std::size_t live_endpoints() const noexcept { return store_->size(); }
-  [[nodiscard]] std::size_t draining_endpoints() const noexcept { return store_->draining(); }
+  [[nodiscard]] std::size_t live_endpoints() const noexcept { return store_ ? store_->size() : 0; }
+  [[nodiscard]] std::size_t draining_endpoints() const noexcept { return store_ ? store_->draining() : 0; }
 
  private:
   rdma_context(const context_config& cfg, std::uint16_t device_id, hooks h)

@@ -226,10 +226,12 @@ class worker_pool {
         const auto st = e.state();
         if (st == endpoint_state::connected_wait_ready_ack) continue;  // the ack is on its way
         if (auto r = ctx_.connect(e); !r) [[unlikely]] {
-          TIDE_LOG_WARN(ctx_.name() << ": connect to " << *g.path << " failed: " << r.error().message());
           ctx_.retire_endpoint(*ep);
-          fail_group(g, r.error().code);
           did = true;
+          // Evicted under us: not a failure of the path; the next pass makes a new endpoint.
+          if (r.error().code == errc::endpoint_closed) continue;
+          TIDE_LOG_WARN(ctx_.name() << ": connect to " << *g.path << " failed: " << r.error().message());
+          fail_group(g, r.error().code);
           continue;
         }
         if (!e.ready()) continue;
@@ -248,8 +250,8 @@ class worker_pool {
       }
       if (pe != errc::ok) [[unlikely]] {
         ctx_.retire_endpoint(*ep);
-        fail_group(g, pe);
         did = true;
+        if (pe != errc::endpoint_closed) fail_group(g, pe);  // evicted: repost on a new endpoint
       }
     }
     return did;

@@ -57,7 +57,11 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
 
 template <class P>
 rdma_transport<P>::~rdma_transport() {
-  contexts_.clear();  // stops the workers first: nothing touches batches afterwards
+  // Workers stop and endpoints go first (nothing touches batches or MRs
+  // afterwards), then the MRs, then the PDs and devices.
+  for (auto& c : contexts_) c->shutdown();
+  local_.clear();
+  contexts_.clear();
 }
 
 // ---------------------------------------------------------------- memory
