@@ -39,11 +39,13 @@ struct default_policies {
   /// lru: for comparison; mooncake_sieve: to behave exactly like Mooncake.
   using eviction = policy::sieve;
 
-  /// Which worker shard serves a slice.  mix_hash spreads sequential
-  /// segment and device ids evenly with no division (power-of-two shard
-  /// counts only).  peer_path_hash when one peer is reached through several
-  /// segment ids; mooncake_hash to match Mooncake's placement.
-  using shard_hash = policy::mix_hash;
+  /// Which worker shard serves a slice.  mooncake_hash: Mooncake's
+  /// placement, any shard count, and perfectly even over the sequential
+  /// segment and device ids that openSegment hands out (bench/micro (c)).
+  /// mix_hash when ids are sparse or adversarial (avalanching, no division,
+  /// power-of-two counts); peer_path_hash when one peer NIC is reached
+  /// through several segment ids.
+  using shard_hash = policy::mooncake_hash;
 
   /// What a transfer worker does with nothing to do.  hybrid is Mooncake's
   /// (spin 100 ms, then sleep up to 1 s or until woken).  cq_event when CPU

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string_view>
+#include <tuple>
 
 namespace arch = tide::archetypes;
 
@@ -92,3 +93,27 @@ TEST_CASE("the idle and metadata archetypes run") {
   CHECK(m.get_segment("s").value() == "{}");
   CHECK(m.get_segment("t").error().code == tide::errc::segment_not_found);
 }
+
+// Conformance of metadata backends to the documented semantics of
+// tide::metadata_backend.  Only backends that need no server belong here;
+// the lead adds tide::policy::in_process (and p2p where it runs without a
+// peer) to this list when the metadata branch merges.
+using metadata_backends_under_test = std::tuple<arch::metadata>;
+
+TEST_CASE_TEMPLATE_DEFINE("metadata backend conformance", B, metadata_conformance) {
+  static_assert(tide::metadata_backend<B>);
+  B b(tide::metadata_config{});
+  CHECK_FALSE(B::kName.empty());
+  auto missing = b.get_segment("conformance-missing");
+  REQUIRE_FALSE(missing.has_value());
+  CHECK(missing.error().code == tide::errc::segment_not_found);
+  REQUIRE(b.put_segment("conformance-a", R"({"name":"conformance-a"})").has_value());
+  auto got = b.get_segment("conformance-a");
+  REQUIRE(got.has_value());
+  CHECK(*got == R"({"name":"conformance-a"})");
+  REQUIRE(b.put_segment("conformance-a", R"({"name":"conformance-a","v":2})").has_value());  // overwrite
+  CHECK(b.get_segment("conformance-a").value() == R"({"name":"conformance-a","v":2})");
+  REQUIRE(b.remove_segment("conformance-a").has_value());
+  CHECK(b.get_segment("conformance-a").error().code == tide::errc::segment_not_found);
+}
+TEST_CASE_TEMPLATE_APPLY(metadata_conformance, metadata_backends_under_test);

@@ -154,17 +154,25 @@ TEST_CASE("endpoint_store: find, get_or_insert, erase") {
   CHECK(s->find("a@x").get() == a->get());
   CHECK(s->contains("a@x"));
   CHECK(s->size() == 1);
+  REQUIRE(s->get_or_insert("b@x", factory(t)).has_value());
+  std::string seen;
+  s->for_each([&](std::string_view k, test_endpoint& e) {
+    CHECK(e.key() == k);
+    seen += std::string(k) + ';';
+  });
+  CHECK((seen == "a@x;b@x;" || seen == "b@x;a@x;"));
+  REQUIRE(s->erase("b@x").has_value());
 
   REQUIRE(s->erase("a@x").has_value());
   CHECK_FALSE(s->find("a@x"));
-  CHECK(t.evicted == 1);
+  CHECK(t.evicted == 2);
   CHECK((*a)->closed());
-  CHECK(t.destroyed == 0);  // handles still refer to it
+  CHECK(t.destroyed == 1);  // b (idle when erased); a: handles still refer to it
   CHECK(s->draining() == 1);
   a->reset();
   again->reset();
   CHECK(s->reclaim() == 1);
-  CHECK(t.destroyed == 1);
+  CHECK(t.destroyed == 2);  // b (idle, at erase) and a
   CHECK(s->draining() == 0);
 }
 

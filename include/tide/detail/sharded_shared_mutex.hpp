@@ -33,8 +33,10 @@ inline void cpu_relax() noexcept {
 /// robin on first use so that the first kSlots threads never share one.
 inline std::size_t this_thread_slot(std::size_t slots) noexcept {
   static std::atomic<std::size_t> next{0};
-  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
-  return mine % slots;
+  // Constant-initialised (no TLS guard on every call); 0 = not yet assigned.
+  thread_local std::size_t mine = 0;
+  if (mine == 0) [[unlikely]] mine = next.fetch_add(1, std::memory_order_relaxed) + 1;
+  return (mine - 1) % slots;
 }
 
 class sharded_shared_mutex {

@@ -23,6 +23,7 @@
 
 #include <tide/detail/log.hpp>
 #include <tide/detail/sharded_shared_mutex.hpp>
+#include <tide/detail/string_hash.hpp>
 #include <tide/policy/eviction.hpp>
 #include <tide/result.hpp>
 
@@ -174,7 +175,7 @@ class endpoint_store {
   /// The entry for `key`, or an empty handle.  A hit calls the policy's
   /// touch() (FIFO and SIEVE never move a node; LRU does, under its lock).
   /// Thread safety: any thread, concurrently with every other member.
-  /// Cost: one hash of the key, one RMW on this thread's lock slot (two with
+  /// Cost: one inline hash of the key, one RMW on this thread's lock slot (two with
   /// the unlock), one relaxed RMW on the entry; no allocation, no syscall.
   [[nodiscard]] handle find(std::string_view key) noexcept {
     const lookup k{key, hash_key(key)};
@@ -367,7 +368,7 @@ class endpoint_store {
         buckets_(new bucket_type[bucket_count_for(capacity)]),
         map_(bucket_traits(buckets_.get(), bucket_count_for(capacity))) {}
 
-  static std::size_t hash_key(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
+  static std::size_t hash_key(std::string_view key) noexcept { return detail::hash_string(key); }
 
   static error already_exists_error(std::string_view key) {
     return error{errc::already_exists, "endpoint_store: an endpoint for '" + std::string(key) + "' already exists"};

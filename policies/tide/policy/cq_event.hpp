@@ -89,8 +89,8 @@ class cq_event {
   /// with).  Makes the channel's fd non-blocking.  Several CQs may share one
   /// channel; events that arrive on it for CQs not attached here are
   /// acknowledged and dropped.  Worker thread, before the loop.
-  /// Errors: errc::invalid_argument (null cq or channel, or a cq whose
-  /// channel differs); errc::already_exists (cq attached twice);
+  /// Errors: errc::invalid_argument (null cq or channel, or a cq created
+  /// with another channel or none); errc::already_exists (cq attached twice);
   /// errc::resource_exhausted (fcntl/epoll_ctl failed, errno text).
   status attach(ibv_cq* cq, ibv_comp_channel* channel) {
     if (cq == nullptr) return fail(errc::invalid_argument, "cq_event.attach: cq is null");
@@ -99,8 +99,9 @@ class cq_event {
                   "cq_event.attach: the CQ has no completion channel; create it with one "
                   "(ibv_create_comp_channel) to use the cq_event idle strategy");
     }
-    if (cq->channel != nullptr && cq->channel != channel) {
-      return fail(errc::invalid_argument, "cq_event.attach: the CQ was created with a different channel");
+    if (cq->channel != channel) {
+      return fail(errc::invalid_argument,
+                  "cq_event.attach: the CQ was created with another completion channel, or none");
     }
     for (const auto& c : cqs_) {
       if (c.cq == cq) return fail(errc::already_exists, "cq_event.attach: this CQ is already attached");

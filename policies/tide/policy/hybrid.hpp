@@ -28,7 +28,8 @@ class hybrid {
 
   struct config {
     /// Busy period after the last useful pass.  Shorter saves CPU between
-    /// bursts; longer keeps latency low for bursts closer than this.
+    /// bursts; longer keeps latency low for bursts closer than this.  The
+    /// clock is checked every 64 empty passes, so even 0 spins that long.
     std::chrono::nanoseconds spin = std::chrono::milliseconds(100);
     /// Longest single sleep.  Bounds how long a completion (which does not
     /// wake this strategy) may wait when nothing else arrives.  > 0.

@@ -13,7 +13,8 @@
 ///       Requires: check_shard_count<H>(shard_count) == errc::ok (the pool
 ///       checks once at setup, so shard() does not branch on it).
 ///       Returns a value in [0, shard_count); a pure function of (k, count):
-///       the same in every process, run and build (no std::hash, no seed).
+///       the same in every process and run on one platform (no std::hash,
+///       no seed).
 ///
 /// Chosen over operator(): a static function needs no policy object in the
 /// worker pool and reads the same at every call site.

@@ -18,17 +18,6 @@ namespace tide::policy::detail {
   return x;
 }
 
-/// FNV-1a, 64-bit: stable across runs, builds and platforms (std::hash is
-/// not promised to be).
-[[nodiscard]] constexpr std::uint64_t fnv1a64(std::string_view s) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : s) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 __extension__ using uint128 = unsigned __int128;
 
 /// Maps a well-mixed 64-bit h onto [0, n) without a division (Lemire's

@@ -29,7 +29,7 @@ inline bool heavy_barrier_available() noexcept {
 /// Forces a full memory barrier on every running thread of the process.
 /// Returns false when it could not (then the caller must bound its sleep).
 inline bool heavy_barrier() noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // The system call is itself a full barrier for the calling thread.
   if (!heavy_barrier_available()) return false;
   return ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
 }
