@@ -84,6 +84,10 @@ result<std::string> base64_decode(std::string_view in) {
     }
     const std::uint32_t bits = (static_cast<std::uint32_t>(v[0]) << 18) | (static_cast<std::uint32_t>(v[1]) << 12) |
                                (static_cast<std::uint32_t>(v[2]) << 6) | static_cast<std::uint32_t>(v[3]);
+    // Canonical only (what etcd writes): the bits under the padding are zero.
+    if ((pad == 1 && (bits & 0xff) != 0) || (pad == 2 && (bits & 0xffff) != 0)) {
+      return malformed("base64", "non-zero bits under the padding");
+    }
     out.push_back(static_cast<char>((bits >> 16) & 0xff));
     if (pad < 2) out.push_back(static_cast<char>((bits >> 8) & 0xff));
     if (pad < 1) out.push_back(static_cast<char>(bits & 0xff));

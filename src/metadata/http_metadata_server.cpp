@@ -67,10 +67,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   ~http_session() { srv_.active.fetch_sub(1, std::memory_order_relaxed); }
 
   void start() { read(); }
-  void abort() {
-    error_code ignored;
-    stream_.socket().close(ignored);
-  }
+  void abort() { stream_.close(); }  // closes the socket and cancels the stream's timer
 
  private:
   void read() {
@@ -121,7 +118,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void close() {
     error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.socket().close(ignored);
+    stream_.close();
   }
 
   http_metadata_server::impl& srv_;

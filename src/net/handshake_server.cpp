@@ -314,9 +314,9 @@ void handshake_server::impl::run_io() noexcept {
 }
 
 std::optional<std::string> handshake_server::impl::served_segment() {
-  std::optional<std::string> json = handlers.local_segment ? handlers.local_segment() : local_segment(port);
-  if (json && (json->empty() || json->back() != '\n')) json->push_back('\n');
-  return json;
+  // Served byte for byte: encode_segment's text already ends in '\n' as
+  // Mooncake's does, and p2p readers get back exactly what was put.
+  return handlers.local_segment ? handlers.local_segment() : local_segment(port);
 }
 
 result<std::string> handshake_server::impl::handle(message_type type, const std::string& body) {
