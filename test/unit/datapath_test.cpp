@@ -1,0 +1,167 @@
+// The data path's device-free parts: remote segment views (address lookup,
+// NIC choice through the peer's priority matrix), slice/task/batch roll-up,
+// the shard queue, engine_config environment overrides.
+#include <tide/engine.hpp>
+#include <tide/rdma/detail/slice_queue.hpp>
+#include <tide/rdma/segment.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <set>
+#include <thread>
+
+using namespace tide;
+
+namespace {
+segment_desc two_nic_segment() {
+  segment_desc d;
+  d.name = "10.0.0.2:16000";
+  d.devices = {{"mlx5_1", 0, {}}, {"mlx5_0", 0, {}}};  // not in matrix order on purpose
+  d.priority["cpu:0"] = {{"mlx5_0"}, {"mlx5_1"}};
+  d.priority["cpu:1"] = {{"mlx5_1"}, {"mlx5_0"}};
+  d.buffers.push_back({"cpu:1", 0x20000, 0x1000, {1, 2}, {11, 12}});
+  d.buffers.push_back({"cpu:0", 0x10000, 0x1000, {3, 4}, {13, 14}});
+  d.buffers.push_back({"segments:4096:0,1", 0x40000, 0x4000, {5, 6}, {15, 16}});
+  return d;
+}
+}  // namespace
+
+TEST_CASE("remote segment: address lookup over unsorted buffers") {
+  auto seg = rdma::remote_segment::resolve(two_nic_segment()).value();
+  CHECK(seg->nic_paths == std::vector<std::string>{"10.0.0.2:16000@mlx5_1", "10.0.0.2:16000@mlx5_0"});
+  CHECK(seg->find(0x10000, 1) == 1);
+  CHECK(seg->find(0x10fff, 1) == 1);
+  CHECK(seg->find(0x10fff, 2) == -1);  // crosses the end
+  CHECK(seg->find(0x20000, 0x1000) == 0);
+  CHECK(seg->find(0x0ffff, 1) == -1);
+  CHECK(seg->find(0x30000, 1) == -1);
+  CHECK(seg->find(0x20000, 0) == -1);
+  CHECK(seg->find(~0ull - 1, 4) == -1);
+}
+
+TEST_CASE("remote segment: the peer's NIC comes from its matrix, indexed into its devices[]") {
+  auto seg = rdma::remote_segment::resolve(two_nic_segment()).value();
+  // cpu:0 prefers mlx5_0 = devices[1]; cpu:1 prefers mlx5_1 = devices[0].
+  for (std::uint32_t r = 0; r < 16; ++r) {
+    CHECK(seg->choose(seg->buffers[1], 0, 0, r) == 1);
+    CHECK(seg->choose(seg->buffers[0], 0, 0, r) == 0);
+  }
+  // Retries walk every NIC: retry 1 = preferred, retry 2 = the other.
+  CHECK(seg->choose(seg->buffers[1], 0, 1, 0) == 1);
+  CHECK(seg->choose(seg->buffers[1], 0, 2, 0) == 0);
+  // segments:4096:0,1 — page 0 on node 0, page 1 on node 1.
+  CHECK(seg->choose(seg->buffers[2], 0, 0, 0) == 1);
+  CHECK(seg->choose(seg->buffers[2], 4096, 0, 0) == 0);
+  CHECK(seg->choose(seg->buffers[2], 2 * 4096, 0, 0) == 1);
+}
+
+TEST_CASE("remote segment: malformed views are rejected") {
+  auto d = two_nic_segment();
+  d.buffers[0].name = "cpu:x";
+  auto r = rdma::remote_segment::resolve(d);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::metadata_malformed);
+  d = two_nic_segment();
+  d.buffers[1].rkey.pop_back();
+  CHECK(rdma::remote_segment::resolve(d).error().code == errc::metadata_malformed);
+  // No usable matrix: every device of devices[] is preferred.
+  d = two_nic_segment();
+  d.priority.clear();
+  auto seg = rdma::remote_segment::resolve(d).value();
+  std::set<int> seen;
+  for (std::uint32_t r2 = 0; r2 < 32; ++r2) seen.insert(seg->choose(seg->buffers[0], 0, 0, r2));
+  CHECK(seen == std::set<int>{0, 1});
+}
+
+TEST_CASE("slices roll up into tasks and batches; the last slice wakes the batch") {
+  rdma::detail::batch_state b(2);
+  std::vector<rdma::detail::slice> s(3);
+  for (int t = 0; t < 2; ++t) {
+    b.tasks[t].slices_left = t == 0 ? 2 : 1;
+    b.tasks[t].state = transfer_state::pending;
+  }
+  s[0].task = s[1].task = &b.tasks[0];
+  s[2].task = &b.tasks[1];
+  s[0].length = 100;
+  s[1].length = 50;
+  s[2].length = 7;
+  b.unfinished = 2;
+  b.inflight = 3;
+  rdma::detail::retire_slice(s[0], errc::ok);
+  CHECK(b.tasks[0].state == transfer_state::pending);
+  rdma::detail::retire_slice(s[2], errc::remote_access_error);
+  CHECK(b.tasks[1].state == transfer_state::failed);
+  CHECK(b.tasks[1].reason == errc::remote_access_error);
+  std::thread waiter([&] {
+    std::unique_lock lock(b.mu);
+    b.cv.wait(lock, [&] { return b.unfinished == 0; });
+  });
+  rdma::detail::retire_slice(s[1], errc::ok);
+  waiter.join();
+  CHECK(b.tasks[0].state == transfer_state::completed);
+  CHECK(b.tasks[0].bytes == 150);
+  CHECK(b.inflight == 0);
+  // A canceled task stays canceled when its slices come back.
+  b.tasks[0].state = transfer_state::pending;
+  b.tasks[0].slices_left = 1;
+  b.unfinished = 1;
+  b.inflight = 1;
+  CHECK(rdma::detail::finish_task(b.tasks[0], transfer_state::canceled));
+  CHECK(b.unfinished == 0);
+  rdma::detail::retire_slice(s[0], errc::ok);
+  CHECK(b.tasks[0].state == transfer_state::canceled);
+  CHECK(b.unfinished == 0);
+}
+
+TEST_CASE("the shard queue hands every pushed slice to its consumer exactly once") {
+  rdma::detail::slice_queue q;
+  constexpr int kPerThread = 10000;
+  std::vector<rdma::detail::slice> slices(2 * kPerThread);
+  std::atomic<int> taken{0};
+  std::atomic<bool> done{false};
+  std::thread consumer([&] {
+    while (!done || !q.empty())
+      for (auto* s = q.take_all(); s != nullptr; s = s->next) ++taken;
+  });
+  std::vector<std::thread> producers;
+  for (int p = 0; p < 2; ++p)
+    producers.emplace_back([&, p] {
+      for (int i = 0; i < kPerThread; ++i) {
+        auto* s = &slices[p * kPerThread + i];
+        q.push(s, s);
+      }
+    });
+  for (auto& t : producers) t.join();
+  done = true;
+  consumer.join();
+  CHECK(taken == 2 * kPerThread);
+}
+
+TEST_CASE("engine_config: environment overrides, bad values named") {
+  engine_config c;
+  ::setenv("TIDE_NUM_QP_PER_EP", "4", 1);
+  ::setenv("MC_SLICE_SIZE", "131072", 1);
+  REQUIRE(c.apply_env());
+  CHECK(c.num_qp_per_ep == 4);
+  CHECK(c.slice_size == 131072);
+  ::setenv("TIDE_MTU", "9000", 1);
+  auto r = c.apply_env();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::config_invalid);
+  CHECK(r.error().detail.find("TIDE_MTU") != std::string::npos);
+  ::unsetenv("TIDE_MTU");
+  ::setenv("TIDE_QP_RETRY_CNT", "x", 1);
+  CHECK(c.apply_env().error().code == errc::config_invalid);
+  ::unsetenv("TIDE_QP_RETRY_CNT");
+  ::unsetenv("TIDE_NUM_QP_PER_EP");
+  ::unsetenv("MC_SLICE_SIZE");
+}
+
+TEST_CASE("transfer_engine::create without an RDMA device says so") {
+  engine_config c;
+  c.sysfs_root = "/nonexistent-sysfs";
+  auto e = transfer_engine<>::create(c);
+  REQUIRE_FALSE(e);
+  CHECK(e.error().code == errc::no_device);
+}

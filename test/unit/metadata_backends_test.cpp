@@ -1,0 +1,257 @@
+// The in_process, p2p and http backends against real stores: the p2p one
+// against handshake servers in this process, the http one against the
+// tide-metadata-server executable started here.  etcd has its own suite.
+
+#include <tide/net/handshake_server.hpp>
+#include <tide/policy/http.hpp>
+#include <tide/policy/in_process.hpp>
+#include <tide/policy/p2p.hpp>
+
+#include "../../src/metadata/http_client.hpp"
+#include "support/backend_conformance.hpp"
+#include "support/process.hpp"
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <csignal>
+#include <cstdlib>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+using namespace tide;
+using namespace std::chrono_literals;
+using tide::test::elapsed_ms;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct in_process_fixture {
+  static constexpr bool kSharedStore = true;
+  metadata_config config() const {
+    metadata_config c;
+    c.cluster_id = "conformance";
+    return c;
+  }
+  std::string name(std::size_t i) const { return "seg-" + std::to_string(i); }
+};
+
+// p2p: one handshake server per segment name, serving from the registry.
+struct p2p_fixture {
+  static constexpr bool kSharedStore = false;
+  p2p_fixture() {
+    for (int i = 0; i < 2; ++i) {
+      net::handshake_server_config cfg;
+      cfg.host = "127.0.0.1";
+      auto s = net::handshake_server::start(cfg, {});
+      REQUIRE(s.has_value());
+      servers.push_back(std::move(*s));
+    }
+  }
+  metadata_config config() const {
+    metadata_config c;
+    c.connection = "P2PHANDSHAKE";
+    c.timeout = 2000ms;
+    return c;
+  }
+  std::string name(std::size_t i) const { return "127.0.0.1:" + std::to_string(servers.at(i).port()); }
+  std::vector<net::handshake_server> servers;
+};
+
+std::string metadata_server_binary() {
+  const char* p = std::getenv("TIDE_METADATA_SERVER");
+  REQUIRE_MESSAGE(p != nullptr, "TIDE_METADATA_SERVER is not set (meson test sets it)");
+  return p;
+}
+
+// tide-metadata-server in a child process on a loopback port.
+class metadata_server_process {
+ public:
+  explicit metadata_server_process(std::uint16_t port = 0) { start(port); }
+  void start(std::uint16_t port) {
+    const std::string log = (dir_.path() / ("server-" + std::to_string(starts_++) + ".log")).string();
+    proc_ = tide::test::child_process({metadata_server_binary(), "--host", "127.0.0.1", "--port", std::to_string(port)}, log);
+    auto line = proc_.wait_for_log("listening on 127.0.0.1:", 5000ms);
+    REQUIRE_MESSAGE(line.has_value(), "tide-metadata-server did not start; see " << log);
+    const auto colon = line->rfind(':');
+    port_ = static_cast<std::uint16_t>(std::stoi(line->substr(colon + 1)));
+  }
+  std::uint16_t port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/metadata"; }
+  tide::test::child_process& process() { return proc_; }
+
+ private:
+  tide::test::temp_dir dir_;
+  tide::test::child_process proc_;
+  std::uint16_t port_ = 0;
+  int starts_ = 0;
+};
+
+struct http_fixture {
+  static constexpr bool kSharedStore = true;
+  metadata_server_process server;
+  metadata_config config() const {
+    metadata_config c;
+    c.connection = server.url();
+    c.timeout = 2000ms;
+    return c;
+  }
+  std::string name(std::size_t i) const { return "10.0.0." + std::to_string(i) + ":16002"; }
+};
+
+template <class B, class F>
+struct backend_case {
+  using backend = B;
+  using fixture = F;
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("metadata backend conformance against a real store", T,
+                   backend_case<policy::in_process, in_process_fixture>, backend_case<policy::p2p, p2p_fixture>,
+                   backend_case<policy::http, http_fixture>) {
+  typename T::fixture f;
+  tide::test::check_backend_conformance<typename T::backend>(f);
+}
+
+TEST_CASE("p2p: unreachable, silent and misnamed peers") {
+  metadata_config c;
+  c.connection = "P2PHANDSHAKE";
+  c.timeout = 500ms;
+  policy::p2p b{c};
+
+  const auto dead = tide::test::free_loopback_ports(1)[0];
+  auto t0 = clock_type::now();
+  auto r = b.get_segment("127.0.0.1:" + std::to_string(dead));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::metadata_unavailable);
+  CHECK(r.error().detail.find("peer_unreachable") != std::string::npos);
+  CHECK(elapsed_ms(t0) < 1000);
+
+  tide::test::silent_listener silent;
+  t0 = clock_type::now();
+  auto hung = b.get_segment("127.0.0.1:" + std::to_string(silent.port()));
+  REQUIRE_FALSE(hung.has_value());
+  CHECK(hung.error().code == errc::metadata_unavailable);
+  CHECK(elapsed_ms(t0) >= 450);
+  CHECK(elapsed_ms(t0) < 2000);
+
+  CHECK(b.get_segment("127.0.0.1:notaport").error().code == errc::config_invalid);
+  CHECK(b.put_segment("", "{}").error().code == errc::config_invalid);
+
+  metadata_config wrong;
+  wrong.connection = "etcd://127.0.0.1:2379";
+  CHECK(policy::p2p{wrong}.get_segment("127.0.0.1:1").error().code == errc::config_invalid);
+}
+
+TEST_CASE("http: requests on the wire are Mooncake's GET/PUT/DELETE ?key=<curl-escaped key>") {
+  // A listener that records the request line and answers 404.
+  tide::test::silent_listener l;
+  std::string request_line;
+  std::thread t([&] {
+    pollfd pf{l.fd(), POLLIN, 0};
+    if (::poll(&pf, 1, 5000) <= 0) return;
+    const int fd = ::accept(l.fd(), nullptr, nullptr);
+    if (fd < 0) return;
+    std::string got;
+    char buf[1024];
+    while (got.find("\r\n\r\n") == std::string::npos) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) break;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+    request_line = got.substr(0, got.find("\r\n"));
+    const std::string reply = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  });
+  metadata_config c;
+  c.connection = "http://127.0.0.1:" + std::to_string(l.port()) + "/metadata";
+  c.cluster_id = "c1";
+  auto r = policy::http{c}.get_segment("10.0.0.2:16002");
+  t.join();
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::segment_not_found);
+  CHECK(request_line == "GET /metadata?key=mooncake%2Fc1%2Fram%2F10.0.0.2%3A16002 HTTP/1.1");
+}
+
+TEST_CASE("tide-metadata-server: paths, missing keys, methods, escapes") {
+  metadata_server_process server;
+  const auto port = server.port();
+  auto req = [&](const char* method, const std::string& target, const std::string& body = {}) {
+    auto r = detail::http_request("127.0.0.1", port, method, target, body, "application/json", 2000ms);
+    REQUIRE_MESSAGE(r.has_value(), r.error());
+    return *r;
+  };
+  CHECK(req("PUT", "/metadata?key=a%2Fb+c", "{\"x\":1}").status == 200);
+  auto got = req("GET", "/metadata?other=1&key=a/b%20c");  // decoded keys match however they were escaped
+  CHECK(got.status == 200);
+  CHECK(got.body == "{\"x\":1}");
+  CHECK(req("GET", "/metadata?key=missing").status == 404);
+  CHECK(req("GET", "/elsewhere?key=a%2Fb+c").status == 404);
+  CHECK(req("GET", "/metadata").status == 400);
+  CHECK(req("GET", "/metadata?key=").status == 400);
+  CHECK(req("GET", "/metadata?key=%zz").status == 400);
+  CHECK(req("POST", "/metadata?key=a%2Fb+c", "{}").status == 405);
+  CHECK(req("DELETE", "/metadata?key=a%2Fb%20c").status == 200);
+  CHECK(req("DELETE", "/metadata?key=a%2Fb%20c").status == 404);
+
+  // Garbage on the port closes that connection only.
+  {
+    tide::test::raw_client junk{port};
+    junk.send("\x01\x02 not http at all\r\n\r\n");
+    const auto r = junk.read_until_eof(3000ms);
+    CHECK(r.eof);
+  }
+  CHECK(req("GET", "/metadata?key=missing").status == 404);
+  CHECK(server.process().terminate() == 0);  // SIGTERM: a clean exit
+}
+
+TEST_CASE("http: server down -> metadata_unavailable within the timeout; back on the same port -> works") {
+  metadata_server_process server;
+  metadata_config c;
+  c.connection = server.url();
+  c.timeout = 1000ms;
+  policy::http b{c};
+  REQUIRE(b.put_segment("s", "{}").has_value());
+
+  const std::uint16_t port = server.port();
+  server.process().kill();
+  auto t0 = clock_type::now();
+  auto down = b.get_segment("s");
+  REQUIRE_FALSE(down.has_value());
+  CHECK(down.error().code == errc::metadata_unavailable);
+  CHECK(elapsed_ms(t0) < 1500);
+
+  server.start(port);
+  // The store was in memory: empty now, and the same backend object works.
+  CHECK(b.get_segment("s").error().code == errc::segment_not_found);
+  REQUIRE(b.put_segment("s", "{\"back\":1}").has_value());
+  CHECK(*b.get_segment("s") == "{\"back\":1}");
+
+  // A stopped (SIGSTOP) server accepts nothing: bounded by the timeout.
+  server.process().signal(SIGSTOP);
+  t0 = clock_type::now();
+  auto hung = b.get_segment("s");
+  server.process().signal(SIGCONT);
+  REQUIRE_FALSE(hung.has_value());
+  CHECK(hung.error().code == errc::metadata_unavailable);
+  CHECK(elapsed_ms(t0) >= 900);
+  CHECK(elapsed_ms(t0) < 2500);
+  CHECK(*b.get_segment("s") == "{\"back\":1}");
+}
+
+TEST_CASE("http: bad connection strings are config_invalid at the first call") {
+  for (const char* url : {"https://127.0.0.1:8080/metadata", "127.0.0.1:8080", "http://", "http://:80/x",
+                          "http://h:99999/x", "http://h:80/metadata?x=1"}) {
+    metadata_config c;
+    c.connection = url;
+    auto r = policy::http{c}.get_segment("s");
+    REQUIRE_FALSE(r.has_value());
+    CHECK_MESSAGE(r.error().code == errc::config_invalid, url);
+  }
+}

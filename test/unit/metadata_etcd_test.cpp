@@ -1,0 +1,271 @@
+// The etcd backend against Debian's etcd (3.4), started here on loopback
+// ports with temporary data directories: conformance, Mooncake's keys, a
+// stopped / restarted member, and a 3-member cluster losing one member.
+//
+// Exits 77 (meson: skipped) with the reason printed when no etcd binary can
+// be found; it never passes without running.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <tide/policy/etcd.hpp>
+
+#include "../../src/metadata/etcd_codec.hpp"
+#include "../../src/metadata/http_client.hpp"
+#include "support/backend_conformance.hpp"
+#include "support/process.hpp"
+
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+
+using namespace tide;
+using namespace std::chrono_literals;
+using tide::test::elapsed_ms;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string etcd_binary() {
+  const char* p = std::getenv("TIDE_ETCD");
+  return p && *p ? p : "/usr/bin/etcd";
+}
+
+// A cluster of `n` etcd members on loopback; member i listens for clients on
+// client_port[i] and for peers on peer_port[i].
+class etcd_cluster {
+ public:
+  explicit etcd_cluster(std::size_t n) : members_(n) {
+    const auto ports = tide::test::free_loopback_ports(2 * n);
+    std::string initial;
+    for (std::size_t i = 0; i < n; ++i) {
+      members_[i].name = "m" + std::to_string(i);
+      members_[i].client_port = ports[2 * i];
+      members_[i].peer_port = ports[2 * i + 1];
+      if (!initial.empty()) initial += ",";
+      initial += members_[i].name + "=http://127.0.0.1:" + std::to_string(members_[i].peer_port);
+    }
+    initial_cluster_ = initial;
+    for (std::size_t i = 0; i < n; ++i) start(i);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE_MESSAGE(wait_ready(i, 15s), "etcd member " << i << " not ready; see " << log(i));
+  }
+
+  void start(std::size_t i) {
+    auto& m = members_[i];
+    const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+    m.proc = tide::test::child_process(
+        {etcd_binary(), "--name", m.name, "--data-dir", (dir_.path() / m.name).string(),
+         "--listen-client-urls", client, "--advertise-client-urls", client,
+         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+         "--initial-cluster", initial_cluster_, "--initial-cluster-token", "tide-test",
+         "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"},
+        log(i));
+  }
+
+  // Ready = a linearizable range answers (the member has a leader).
+  bool wait_ready(std::size_t i, std::chrono::milliseconds timeout) {
+    const auto t0 = clock_type::now();
+    while (clock_type::now() - t0 < timeout) {
+      if (!members_[i].proc.running()) return false;
+      auto r = detail::http_request("127.0.0.1", members_[i].client_port, "POST", "/v3/kv/range",
+                                    detail::etcd_key_request("ready?"), "application/json", 500ms);
+      if (r && r->status == 200) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+
+  std::string connection(std::size_t first = 0) const {
+    std::string s = "etcd://";
+    for (std::size_t k = 0; k < members_.size(); ++k) {
+      const auto& m = members_[(first + k) % members_.size()];
+      if (k) s += ",";
+      s += "127.0.0.1:" + std::to_string(m.client_port);
+    }
+    return s;
+  }
+  metadata_config config(std::chrono::milliseconds timeout = 1000ms) const {
+    metadata_config c;
+    c.connection = connection();
+    c.timeout = timeout;
+    return c;
+  }
+  std::uint16_t client_port(std::size_t i) const { return members_[i].client_port; }
+  tide::test::child_process& process(std::size_t i) { return members_[i].proc; }
+  std::string log(std::size_t i) const { return (dir_.path() / (members_[i].name + ".log")).string(); }
+
+ private:
+  struct member {
+    std::string name;
+    std::uint16_t client_port = 0;
+    std::uint16_t peer_port = 0;
+    tide::test::child_process proc;
+  };
+  tide::test::temp_dir dir_;
+  std::vector<member> members_;
+  std::string initial_cluster_;
+};
+
+struct etcd_fixture {
+  static constexpr bool kSharedStore = true;
+  etcd_cluster cluster{1};
+  metadata_config config() const { return cluster.config(); }
+  std::string name(std::size_t i) const { return "10.0.0." + std::to_string(i) + ":16002"; }
+};
+
+// The raw value under `key`, read through the gateway as Mooncake's client would.
+std::optional<std::string> raw_get(std::uint16_t port, const std::string& key) {
+  auto r = detail::http_request("127.0.0.1", port, "POST", "/v3/kv/range", detail::etcd_key_request(key),
+                                "application/json", 2000ms);
+  REQUIRE(r.has_value());
+  REQUIRE(r->status == 200);
+  auto v = detail::parse_etcd_range(r->body);
+  REQUIRE(v.has_value());
+  return *v;
+}
+
+}  // namespace
+
+TEST_CASE("etcd backend conformance on a single member") {
+  etcd_fixture f;
+  tide::test::check_backend_conformance<policy::etcd>(f);
+}
+
+TEST_CASE("etcd: Mooncake's keys and JSON, both ways") {
+  etcd_cluster c{1};
+  auto cfg = c.config();
+  cfg.cluster_id = "prod";
+  policy::etcd b{cfg};
+  segment_cache<policy::etcd> cache{cfg};
+  REQUIRE(cache.publish(tide::test::conformance_segment("10.0.0.1:15321", 1)).has_value());
+  auto stored = raw_get(c.client_port(0), "mooncake/prod/ram/10.0.0.1:15321");
+  REQUIRE(stored.has_value());
+  CHECK(stored->find("\"priority_matrix\":{\"cpu:0\":[[\"rxe0\"],[\"rxe1\"]]}") != std::string::npos);
+
+  // A descriptor as Mooncake writes it, put under Mooncake's key directly.
+  const std::string mooncake =
+      R"({"buffers":[{"addr":140230000000000,"length":1073741824,"lkey":[2099712],"name":"cpu:0","rkey":[2099712]}],)"
+      R"("devices":[{"gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:02","lid":0,"name":"mlx5_0"}],)"
+      R"("name":"10.0.0.2:16002","priority_matrix":{"cpu:0":[["mlx5_0"],[]]},"protocol":"rdma",)"
+      R"("tcp_data_port":0,"tcp_proto_version":1,"timestamp":"2026-01-01 12:00:00.123456"})"
+      "\n";
+  auto put = detail::http_request("127.0.0.1", c.client_port(0), "POST", "/v3/kv/put",
+                                  detail::etcd_put_request("mooncake/prod/ram/10.0.0.2:16002", mooncake),
+                                  "application/json", 2000ms);
+  REQUIRE(put.has_value());
+  REQUIRE(put->status == 200);
+  auto id = cache.open("10.0.0.2:16002");
+  REQUIRE_MESSAGE(id.has_value(), id.error());
+  auto loc = cache.find_buffer(*id, 140230000000000ULL + 4096, 4096);
+  REQUIRE(loc.has_value());
+  CHECK(loc->buffer().rkey[0] == 2099712u);
+  CHECK(encode_segment(*loc->segment) == mooncake);
+}
+
+TEST_CASE("etcd stopped -> metadata_unavailable within the timeout; started again -> works, nothing restarted") {
+  etcd_cluster c{1};
+  segment_cache<policy::etcd> cache{c.config(1000ms)};
+  REQUIRE(cache.publish(tide::test::conformance_segment("peer", 1)).has_value());
+
+  SUBCASE("killed and restarted") {
+    c.process(0).kill();
+    const auto t0 = clock_type::now();
+    auto r = cache.open("peer");
+    const auto took = elapsed_ms(t0);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == errc::metadata_unavailable);
+    CHECK(took < 1500);
+    MESSAGE("killed etcd: open failed in " << took << " ms: " << r.error().message());
+
+    c.start(0);  // same ports, same data directory
+    REQUIRE(c.wait_ready(0, 15s));
+    auto back = cache.open("peer");
+    REQUIRE_MESSAGE(back.has_value(), back.error());
+    CHECK((*cache.get(*back))->name == "peer");
+  }
+  SUBCASE("frozen (SIGSTOP) and thawed") {
+    c.process(0).signal(SIGSTOP);
+    const auto t0 = clock_type::now();
+    auto r = cache.open("peer");
+    const auto took = elapsed_ms(t0);
+    c.process(0).signal(SIGCONT);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == errc::metadata_unavailable);
+    CHECK(took >= 900);
+    CHECK(took < 2500);
+    MESSAGE("frozen etcd: open failed in " << took << " ms");
+    REQUIRE(c.wait_ready(0, 15s));
+    CHECK(cache.open("peer").has_value());
+  }
+}
+
+TEST_CASE("a 3-member etcd cluster with one member killed still works") {
+  etcd_cluster c{3};
+  // Member 0 is the first endpoint the backend tries.
+  segment_cache<policy::etcd> cache{c.config(1000ms)};
+  REQUIRE(cache.publish(tide::test::conformance_segment("before", 1)).has_value());
+  c.process(0).kill();
+
+  // If the killed member led, the others elect a new leader (election
+  // timeout 500 ms); allow that, bounded.
+  const auto t0 = clock_type::now();
+  status put = fail(errc::metadata_unavailable);
+  while (!put && elapsed_ms(t0) < 10000) {
+    put = cache.publish(tide::test::conformance_segment("after", 2));
+    if (!put) std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE_MESSAGE(put.has_value(), put.error());
+  MESSAGE("first write after the kill succeeded " << elapsed_ms(t0) << " ms later");
+  auto before = cache.open("before");
+  REQUIRE_MESSAGE(before.has_value(), before.error());
+  auto after = cache.open("after");
+  REQUIRE_MESSAGE(after.has_value(), after.error());
+  CHECK((*cache.get(*after))->buffers.size() == 2);
+
+  // Steady state: every call goes to a live member first, no timeouts paid.
+  const auto t1 = clock_type::now();
+  for (int i = 0; i < 10; ++i) REQUIRE(cache.refresh(*after).has_value());
+  CHECK(elapsed_ms(t1) < 2000);
+}
+
+TEST_CASE("etcd: bad connection strings are config_invalid; an endpoint that is not etcd is unavailable") {
+  for (const char* s : {"", "etcd://", "etcd://host:notaport", "etcd://,,"}) {
+    metadata_config c;
+    c.connection = s;
+    auto r = policy::etcd{c}.get_segment("x");
+    REQUIRE_FALSE(r.has_value());
+    CHECK_MESSAGE(r.error().code == errc::config_invalid, s);
+  }
+  tide::test::scripted_server not_etcd{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"};
+  metadata_config c;
+  c.connection = "127.0.0.1:" + std::to_string(not_etcd.port());
+  c.timeout = 1000ms;
+  auto r = policy::etcd{c}.get_segment("x");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::metadata_unavailable);
+}
+
+TEST_CASE("base64 as etcd's gateway expects it") {
+  CHECK(detail::base64_encode("") == "");
+  CHECK(detail::base64_encode("f") == "Zg==");
+  CHECK(detail::base64_encode("fo") == "Zm8=");
+  CHECK(detail::base64_encode("foo") == "Zm9v");
+  CHECK(detail::base64_encode("mooncake/ram/a") == "bW9vbmNha2UvcmFtL2E=");
+  for (const std::string& s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+    CHECK(*detail::base64_decode(detail::base64_encode(s)) == s);
+  }
+  for (const char* bad : {"Zg=", "Z===", "Zg=a", "Zm9v!AAA", "=AAA", "Zh==", "Zm9=", "Zm8=Zm8="}) CHECK_FALSE(detail::base64_decode(bad).has_value());
+}
+
+int main(int argc, char** argv) {
+  const std::string etcd = etcd_binary();
+  if (::access(etcd.c_str(), X_OK) != 0) {
+    std::printf("SKIP: no etcd binary at %s (install Debian's etcd-server, or set TIDE_ETCD)\n", etcd.c_str());
+    return 77;
+  }
+  doctest::Context ctx;
+  ctx.applyCommandLine(argc, argv);
+  return ctx.run();
+}
