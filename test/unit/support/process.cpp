@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <random>
 #include <sstream>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
@@ -32,6 +33,8 @@ child_process::child_process(std::vector<std::string> argv, std::string log_path
   const pid_t pid = ::fork();
   REQUIRE_MESSAGE(pid >= 0, "fork failed");
   if (pid == 0) {
+    // Die with the test, even when it crashes before its destructors run.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     ::execv(args[0], args.data());
