@@ -2,6 +2,7 @@
 #include "options.hpp"
 #include "policy_sets.hpp"
 
+#include <algorithm>
 #include <iostream>
 
 int main(int argc, char** argv) {
