@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# consumer.sh installed|subproject SOURCE_ROOT BUILD_ROOT
+#   installed:  meson install into a temp DESTDIR, then build main.cpp with
+#               `pkg-config --cflags --libs tide` from that tree and run it.
+#   subproject: a tiny meson project whose subprojects/tide links to the source
+#               tree; configure, build and run it.
+set -euo pipefail
+mode=$1 src=$(cd "$2" && pwd -P) build=$(cd "$3" && pwd -P)
+here=$src/test/consumer
+tmp=$(mktemp -d "$build/consumer-$mode.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+case $mode in
+  installed)
+    meson install -C "$build" --no-rebuild --destdir "$tmp/root" --quiet
+    pc=$(find "$tmp/root" -name tide.pc | head -n1)
+    [[ -n $pc ]] || { echo "meson install put no tide.pc under $tmp/root" >&2; exit 1; }
+    [[ -n $(find "$tmp/root" -path '*/include/tide/verbs/qp.hpp') ]] \
+      || { echo "tide headers were not installed" >&2; exit 1; }
+    [[ -n $(find "$tmp/root" -path '*/include/tide/policy' -type d) ]] \
+      || { echo "include/tide/policy (the policies) was not installed" >&2; exit 1; }
+    # The .pc names the final prefix; the sysroot points it into DESTDIR.
+    export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$tmp/root
+    flags=$(pkg-config --cflags --libs tide)
+    echo "pkg-config --cflags --libs tide: $flags"
+    # shellcheck disable=SC2086  # flags are words
+    ${CXX:-c++} -Wall -Wextra -Werror "$here/main.cpp" -o "$tmp/consumer" $flags
+    LD_LIBRARY_PATH=$tmp/root$(pkg-config --variable=libdir tide | sed "s|^$tmp/root||") "$tmp/consumer"
+    ;;
+  subproject)
+    mkdir -p "$tmp/proj/subprojects"
+    ln -s "$src" "$tmp/proj/subprojects/tide"
+    cp "$here/main.cpp" "$tmp/proj/"
+    cat > "$tmp/proj/meson.build" <<'MESON'
+project('tide-consumer', 'cpp', default_options : ['cpp_std=c++20', 'warning_level=3', 'werror=true'])
+tide_dep = subproject('tide', default_options : ['tests=false', 'bench=false']).get_variable('tide_dep')
+executable('consumer', 'main.cpp', dependencies : tide_dep)
+MESON
+    meson setup "$tmp/build" "$tmp/proj" --wrap-mode=nodownload >/dev/null
+    meson compile -C "$tmp/build" consumer
+    "$tmp/build/consumer"
+    ;;
+  *) echo "usage: consumer.sh installed|subproject SOURCE_ROOT BUILD_ROOT" >&2; exit 2 ;;
+esac
