@@ -1,0 +1,214 @@
+#pragma once
+// Member definitions of transfer_engine<P> (included by engine.hpp).
+
+#include <tide/detail/log.hpp>
+#include <tide/net/address.hpp>
+#include <tide/net/handshake_client.hpp>
+#include <tide/net/handshake_server.hpp>
+
+#include <atomic>
+#include <optional>
+
+namespace tide {
+
+template <class P>
+struct transfer_engine<P>::impl {
+  std::optional<net::handshake_server> server;
+  std::atomic<rdma::rdma_transport<P>*> transport{nullptr};
+  std::mutex desc_mu;
+  std::string desc_json;
+  std::mutex notify_mu;
+  std::deque<notify_desc> notifies;
+};
+
+template <class P>
+transfer_engine<P>::transfer_engine(engine_config cfg) : cfg_(std::move(cfg)), impl_(std::make_unique<impl>()) {}
+
+template <class P>
+transfer_engine<P>::~transfer_engine() {
+  if (impl_->server) impl_->server->stop();
+  impl_->transport.store(nullptr, std::memory_order_release);
+  transport_.reset();
+  if (cache_) {
+    if (auto r = cache_->unpublish(name_); !r) TIDE_LOG_DEBUG("unpublish " << name_ << ": " << r.error().message());
+  }
+}
+
+template <class P>
+std::uint16_t transfer_engine<P>::handshake_port() const noexcept {
+  return impl_->server ? impl_->server->port() : 0;
+}
+
+template <class P>
+result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_config cfg) {
+  if (auto r = cfg.apply_env(); !r) return fail(r.error());
+  std::unique_ptr<transfer_engine> e(new transfer_engine(std::move(cfg)));
+  impl* im = e->impl_.get();
+
+  net::handshake_server_config sc;
+  sc.host = e->cfg_.bind_host;
+  sc.port = e->cfg_.handshake_port;
+  if (sc.port == 0) {
+    sc.port_range_min = 15000;
+    sc.port_range_max = 17000;
+  }
+  net::handshake_handlers hh;
+  hh.on_connect = [im](const handshake_desc& req) {
+    if (auto* t = im->transport.load(std::memory_order_acquire)) return t->on_connect(req);
+    handshake_desc r;
+    r.local_nic_path = req.peer_nic_path;
+    r.peer_nic_path = req.local_nic_path;
+    r.reply_msg = "engine is not ready";
+    return r;
+  };
+  hh.on_notify = [im](const notify_desc& n) {
+    std::lock_guard lock(im->notify_mu);
+    im->notifies.push_back(n);
+  };
+  hh.local_segment = [im]() -> std::optional<std::string> {
+    std::lock_guard lock(im->desc_mu);
+    if (im->desc_json.empty()) return std::nullopt;
+    return im->desc_json;
+  };
+  auto server = net::handshake_server::start(sc, std::move(hh));
+  if (!server) return fail(server.error());
+  im->server.emplace(std::move(*server));
+
+  // The segment name is how peers reach this engine's handshake port.
+  auto host = net::parse_peer_address(e->cfg_.local_server_name);
+  if (!host) return fail(errc::config_invalid, "local_server_name: " + host.error().detail);
+  e->name_ = net::format_peer_address(host->host, im->server->port());
+
+  metadata_config mc;
+  mc.connection = e->cfg_.metadata;
+  mc.cluster_id = e->cfg_.cluster_id;
+  mc.timeout = e->cfg_.metadata_timeout;
+  e->cache_ = std::make_unique<segment_cache<metadata_backend_type>>(mc);
+
+  net::request_options ro;
+  ro.connect_timeout = e->cfg_.handshake_connect_timeout;
+  ro.receive_timeout = e->cfg_.handshake_timeout;
+  rdma::handshake_sender send = [ro](std::string_view peer_nic_path, const handshake_desc& d) -> result<handshake_desc> {
+    auto path = net::split_nic_path(peer_nic_path);
+    if (!path) return fail(path.error());
+    auto addr = net::parse_peer_address(path->server);
+    if (!addr) return fail(addr.error());
+    return net::exchange_handshake(addr->host, addr->port, d, ro);
+  };
+  transfer_engine* self = e.get();
+  auto publish = [self](const segment_desc& d) { return self->publish(d); };
+  auto refresh = [self](segment_id id) -> status {
+    auto d = self->cache_->refresh(id);
+    if (!d) return fail(d.error());
+    return self->transport_->set_segment(id, **d);
+  };
+
+  rdma::transport_config tc;
+  tc.context.local_server_name = e->name_;
+  tc.context.port = e->cfg_.ib_port;
+  tc.context.gid_index = e->cfg_.gid_index;
+  tc.context.mtu_cap = e->cfg_.mtu;
+  tc.context.num_qp_per_ep = e->cfg_.num_qp_per_ep;
+  tc.context.workers = e->cfg_.workers_per_context;
+  tc.context.endpoint_capacity = e->cfg_.endpoint_capacity;
+  tc.context.sysfs_root = e->cfg_.sysfs_root;
+  tc.devices = e->cfg_.devices;
+  tc.slice_size = e->cfg_.slice_size;
+  tc.fragment_limit = e->cfg_.fragment_limit;
+  tc.max_retry = e->cfg_.max_retry;
+  tc.transfer_timeout = e->cfg_.transfer_timeout;
+  tc.custom_topology_json = e->cfg_.custom_topology_json;
+  tc.max_batches = e->cfg_.max_batches;
+  auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh);
+  if (!t) return fail(t.error());
+  e->transport_ = std::move(*t);
+  im->transport.store(e->transport_.get(), std::memory_order_release);
+  if (auto r = e->transport_->publish(); !r) return fail(r.error());
+  return e;
+}
+
+template <class P>
+status transfer_engine<P>::publish(const segment_desc& d) {
+  {
+    std::lock_guard lock(impl_->desc_mu);
+    impl_->desc_json = encode_segment(d);
+  }
+  return cache_->publish(d);
+}
+
+template <class P>
+status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::string_view location) {
+  return transport_->register_memory(addr, len, location, true);
+}
+
+template <class P>
+status transfer_engine<P>::unregister_memory(void* addr) {
+  return transport_->unregister_memory(addr, true);
+}
+
+template <class P>
+status transfer_engine<P>::register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location) {
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    if (auto r = transport_->register_memory(buffers[i].addr, buffers[i].length, location, false); !r) {
+      for (std::size_t j = 0; j < i; ++j) (void)transport_->unregister_memory(buffers[j].addr, false);
+      return fail(r.error().code, "buffer " + std::to_string(i) + ": " + r.error().detail);
+    }
+  }
+  return transport_->publish();
+}
+
+template <class P>
+status transfer_engine<P>::unregister_memory_batch(std::span<void* const> addrs) {
+  status first{};
+  for (void* a : addrs)
+    if (auto r = transport_->unregister_memory(a, false); !r && first) first = r;
+  if (auto r = transport_->publish(); !r && first) first = r;
+  return first;
+}
+
+template <class P>
+result<segment_id> transfer_engine<P>::open_segment(std::string_view name) {
+  auto id = cache_->open(name);
+  if (!id) return fail(id.error());
+  auto d = cache_->get(*id);
+  if (!d) return fail(d.error());
+  if (auto r = transport_->set_segment(*id, **d); !r) {
+    (void)cache_->close(*id);
+    return fail(r.error());
+  }
+  return *id;
+}
+
+template <class P>
+status transfer_engine<P>::close_segment(segment_id id) {
+  if (auto r = cache_->close(id); !r) return r;
+  if (!cache_->get(id)) transport_->drop_segment(id);
+  return {};
+}
+
+template <class P>
+result<std::shared_ptr<const segment_desc>> transfer_engine<P>::segment_descriptor(segment_id id) const {
+  return cache_->get(id);
+}
+
+template <class P>
+status transfer_engine<P>::send_notify(segment_id target, std::string_view msg) {
+  auto name = cache_->name_of(target);
+  if (!name) return fail(name.error());
+  auto addr = net::parse_peer_address(*name);
+  if (!addr) return fail(addr.error());
+  net::request_options ro;
+  ro.connect_timeout = cfg_.handshake_connect_timeout;
+  ro.receive_timeout = cfg_.handshake_timeout;
+  return net::send_notify(addr->host, addr->port, notify_desc{name_, std::string(msg)}, ro);
+}
+
+template <class P>
+std::vector<notify_desc> transfer_engine<P>::take_notifies() {
+  std::lock_guard lock(impl_->notify_mu);
+  std::vector<notify_desc> out(impl_->notifies.begin(), impl_->notifies.end());
+  impl_->notifies.clear();
+  return out;
+}
+
+}  // namespace tide

@@ -1,0 +1,192 @@
+#pragma once
+/// segment_cache<Backend>: segment names -> small ids -> cached descriptors,
+/// over a metadata backend policy (Mooncake's openSegment / getSegmentDescByID).
+///
+/// API in brief:
+///   segment_cache<policy::etcd> cache{cfg};         // owns the backend
+///   cache.publish(my_desc);                         // validate, stamp, encode, put
+///   segment_id id = *cache.open("10.0.0.2:16002");  // fetch + decode once; same name -> same id
+///   auto d = *cache.get(id);                        // shared_ptr<const segment_desc>, no I/O
+///   auto loc = *cache.find_buffer(id, addr, len);   // a miss forces one refresh, then out_of_bounds
+///   loc.buffer().rkey[device_index]
+///   cache.close(id);
+///
+/// Descriptors are immutable once published into the cache: a refresh swaps
+/// in a new shared_ptr, so a reader holding the old one never sees it change.
+/// Ids start at 1 (kLocalSegmentId = 0 is left for the engine's own segment),
+/// are never reused for another name, and stay bound to their name after
+/// close, so reopening a name gives back its old id.
+///
+/// Hot path: get() and find_buffer() take a shared lock.  A worker should keep
+/// the shared_ptr from get() per target and test addresses with
+/// find_buffer_index() (no lock, no allocation), calling find_buffer() only
+/// when that misses, as the seeds' worker does.
+///
+/// Thread safety: every member may be called from several threads at once;
+/// backend round trips happen outside the lock.
+
+#include <tide/metadata/backend.hpp>
+#include <tide/metadata/descriptors.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace tide {
+
+using segment_id = std::uint64_t;
+/// Mooncake's LOCAL_SEGMENT_ID; segment_cache never hands it out.
+inline constexpr segment_id kLocalSegmentId = 0;
+
+/// A buffer found by address, with the descriptor it belongs to kept alive.
+struct buffer_location {
+  std::shared_ptr<const segment_desc> segment;
+  std::size_t index = 0;
+  [[nodiscard]] const buffer_desc& buffer() const noexcept { return segment->buffers[index]; }
+};
+
+template <metadata_backend Backend>
+class segment_cache {
+ public:
+  using backend_type = Backend;
+
+  /// Constructs the backend from `config`; no I/O.
+  explicit segment_cache(const metadata_config& config) : backend_(config) {}
+  segment_cache(const segment_cache&) = delete;
+  segment_cache& operator=(const segment_cache&) = delete;
+
+  /// The backend, for calls the cache does not wrap.
+  [[nodiscard]] Backend& backend() noexcept { return backend_; }
+
+  /// Validates `local`, stamps the current time, encodes it and stores it
+  /// under local.name.  Errors: errc::metadata_malformed (naming the field),
+  /// the backend's (metadata_unavailable, config_invalid).  Cost: one round trip.
+  [[nodiscard]] status publish(const segment_desc& local) {
+    if (auto ok = validate_segment(local); !ok) return ok;
+    segment_desc stamped = local;
+    stamped.timestamp = current_timestamp();
+    return backend_.put_segment(stamped.name, encode_segment(stamped));
+  }
+
+  /// Removes the descriptor stored under `name`.  Errors: the backend's.
+  [[nodiscard]] status unpublish(std::string_view name) { return backend_.remove_segment(name); }
+
+  /// Opens a segment by name: the cached id when it is open (no I/O), else
+  /// fetches and decodes its descriptor.  Each open counts; close releases one.
+  /// Errors: errc::invalid_argument (empty name), errc::segment_not_found,
+  /// errc::metadata_unavailable, errc::metadata_malformed, errc::config_invalid.
+  [[nodiscard]] result<segment_id> open(std::string_view name) {
+    if (name.empty()) return fail(errc::invalid_argument, "segment name is empty");
+    {
+      std::unique_lock lock{mu_};
+      if (auto it = ids_.find(name); it != ids_.end()) {
+        if (auto e = open_.find(it->second); e != open_.end()) {
+          ++e->second.refs;
+          return it->second;
+        }
+      }
+    }
+    auto desc = fetch(name);
+    if (!desc) return fail(desc.error());
+    std::unique_lock lock{mu_};
+    auto [it, fresh_name] = ids_.try_emplace(std::string(name), next_id_);
+    if (fresh_name) ++next_id_;
+    const segment_id id = it->second;
+    auto [e, fresh_entry] = open_.try_emplace(id, entry{it->first, std::move(*desc), 0});
+    // Another thread may have opened it meanwhile; its descriptor is as good.
+    (void)fresh_entry;
+    ++e->second.refs;
+    return id;
+  }
+
+  /// Releases one open(); the descriptor is dropped with the last.
+  /// Errors: errc::unknown_segment when `id` is not open.
+  [[nodiscard]] status close(segment_id id) {
+    std::unique_lock lock{mu_};
+    auto e = open_.find(id);
+    if (e == open_.end()) return fail(errc::unknown_segment, "segment id " + std::to_string(id) + " is not open");
+    if (--e->second.refs == 0) open_.erase(e);
+    return {};
+  }
+
+  /// The cached descriptor; no I/O.  Errors: errc::unknown_segment.
+  [[nodiscard]] result<std::shared_ptr<const segment_desc>> get(segment_id id) const {
+    std::shared_lock lock{mu_};
+    auto e = open_.find(id);
+    if (e == open_.end()) return fail(errc::unknown_segment, "segment id " + std::to_string(id) + " is not open");
+    return e->second.desc;
+  }
+
+  /// The name `id` was opened with.  Errors: errc::unknown_segment.
+  [[nodiscard]] result<std::string> name_of(segment_id id) const {
+    std::shared_lock lock{mu_};
+    auto e = open_.find(id);
+    if (e == open_.end()) return fail(errc::unknown_segment, "segment id " + std::to_string(id) + " is not open");
+    return e->second.name;
+  }
+
+  /// Re-fetches the descriptor and swaps it in.  On failure the cached one
+  /// stays.  Errors: errc::unknown_segment and open()'s.  Cost: one round trip.
+  [[nodiscard]] result<std::shared_ptr<const segment_desc>> refresh(segment_id id) {
+    auto name = name_of(id);
+    if (!name) return fail(name.error());
+    auto desc = fetch(*name);
+    if (!desc) return fail(desc.error());
+    std::unique_lock lock{mu_};
+    auto e = open_.find(id);
+    if (e == open_.end()) return fail(errc::unknown_segment, "segment id " + std::to_string(id) + " was closed");
+    e->second.desc = *desc;
+    return std::move(*desc);
+  }
+
+  /// The buffer of segment `id` that holds all of [addr, addr + length).  A
+  /// miss in the cached descriptor forces one refresh (the peer may have
+  /// registered memory since), then fails.  Errors: errc::zero_length,
+  /// errc::unknown_segment, errc::out_of_bounds, and refresh()'s.
+  [[nodiscard]] result<buffer_location> find_buffer(segment_id id, std::uint64_t addr, std::uint64_t length) {
+    if (length == 0) return fail(errc::zero_length, "find_buffer with length 0");
+    auto desc = get(id);
+    if (!desc) return fail(desc.error());
+    if (auto i = find_buffer_index(**desc, addr, length)) return buffer_location{std::move(*desc), *i};
+    auto fresh = refresh(id);
+    if (!fresh) return fail(fresh.error());
+    if (auto i = find_buffer_index(**fresh, addr, length)) return buffer_location{std::move(*fresh), *i};
+    return fail(errc::out_of_bounds, "[" + std::to_string(addr) + ", +" + std::to_string(length) +
+                                         ") is outside every buffer of segment " + (*fresh)->name +
+                                         " (after a refresh)");
+  }
+
+  /// Segments open now.
+  [[nodiscard]] std::size_t open_count() const {
+    std::shared_lock lock{mu_};
+    return open_.size();
+  }
+
+ private:
+  struct entry {
+    std::string name;
+    std::shared_ptr<const segment_desc> desc;
+    std::size_t refs = 0;
+  };
+
+  result<std::shared_ptr<const segment_desc>> fetch(std::string_view name) {
+    auto json = backend_.get_segment(name);
+    if (!json) return fail(json.error());
+    auto desc = decode_segment(*json);
+    if (!desc) return fail(desc.error().code, "segment " + std::string(name) + ": " + desc.error().detail);
+    return std::make_shared<const segment_desc>(std::move(*desc));
+  }
+
+  mutable std::shared_mutex mu_;
+  Backend backend_;
+  std::map<std::string, segment_id, std::less<>> ids_;  // every name ever opened
+  std::unordered_map<segment_id, entry> open_;
+  segment_id next_id_ = 1;
+};
+
+}  // namespace tide

@@ -1,0 +1,141 @@
+#pragma once
+/// tide::default_policies and the policy-set check.
+///
+/// A user names a policy set by deriving from the defaults and overriding
+/// what they want (the traits pattern of moodycamel::ConcurrentQueue):
+///
+///   struct my_policies : tide::default_policies {
+///     using eviction = tide::policy::fifo;
+///     using idle     = tide::policy::cq_event;
+///   };
+///
+/// Templates that take a policy set start with
+///   static_assert(tide::check_policy_set<P>());
+/// which fails with a message naming the member to change; the concept
+/// tide::policy_set<P> says the same as a bool.
+
+#include <tide/metadata/backend.hpp>
+#include <tide/policy/busy_poll.hpp>
+#include <tide/policy/cq_event.hpp>
+#include <tide/policy/eviction.hpp>
+#include <tide/policy/fifo.hpp>
+#include <tide/policy/hybrid.hpp>
+#include <tide/policy/idle.hpp>
+#include <tide/policy/lru.hpp>
+#include <tide/policy/mix_hash.hpp>
+#include <tide/policy/mooncake_hash.hpp>
+#include <tide/policy/peer_path_hash.hpp>
+#include <tide/policy/shard_hash.hpp>
+#include <tide/policy/sieve.hpp>
+
+namespace tide {
+
+/// The defaults, one per axis.  Derive and override; each member below says
+/// when to change it.
+struct default_policies {
+  /// Which endpoint to drop when a context reaches its endpoint limit.
+  /// SIEVE: hits cost one bit and move nothing, and on skewed (Zipf) peer
+  /// popularity it misses least.  fifo: when peers are used round robin;
+  /// lru: for comparison; mooncake_sieve: to behave exactly like Mooncake.
+  using eviction = policy::sieve;
+
+  /// Which worker shard serves a slice.  mix_hash spreads sequential
+  /// segment and device ids evenly with no division (power-of-two shard
+  /// counts only).  peer_path_hash when one peer is reached through several
+  /// segment ids; mooncake_hash to match Mooncake's placement.
+  using shard_hash = policy::mix_hash;
+
+  /// What a transfer worker does with nothing to do.  hybrid is Mooncake's
+  /// (spin 100 ms, then sleep up to 1 s or until woken).  cq_event when CPU
+  /// matters more than a few microseconds of wake-up latency (shared hosts,
+  /// Soft-RoCE); busy_poll for dedicated cores on real NICs.
+  using idle = policy::hybrid;
+
+  // `using metadata = policy::p2p;` joins when the metadata backends land.
+};
+
+namespace detail {
+
+template <class P>
+consteval bool eviction_present() {
+  return requires { typename P::eviction; };
+}
+template <class P>
+consteval bool eviction_shaped() {
+  if constexpr (eviction_present<P>()) return eviction_policy_shape<typename P::eviction>;
+  return false;
+}
+template <class P>
+consteval bool eviction_ok() {
+  if constexpr (eviction_present<P>()) return eviction_policy<typename P::eviction>;
+  return false;
+}
+template <class P>
+consteval bool shard_hash_present() {
+  return requires { typename P::shard_hash; };
+}
+template <class P>
+consteval bool shard_hash_ok() {
+  if constexpr (shard_hash_present<P>()) return shard_hash_policy<typename P::shard_hash>;
+  return false;
+}
+template <class P>
+consteval bool idle_present() {
+  return requires { typename P::idle; };
+}
+template <class P>
+consteval bool idle_ok() {
+  if constexpr (idle_present<P>()) return idle_strategy<typename P::idle>;
+  return false;
+}
+// metadata is checked when present; default_policies gains it with the
+// metadata backends, and then every set has it by inheritance.
+template <class P>
+consteval bool metadata_ok() {
+  if constexpr (requires { typename P::metadata; }) return metadata_backend<typename P::metadata>;
+  return true;
+}
+
+}  // namespace detail
+
+/// True when every member of P models its axis's concept.
+template <class P>
+concept policy_set = detail::eviction_ok<P>() && detail::shard_hash_ok<P>() && detail::idle_ok<P>() &&
+                     detail::metadata_ok<P>();
+
+/// Fails to compile, with a message saying what to change, unless P is a
+/// policy set; returns true otherwise.  Use: static_assert(check_policy_set<P>());
+template <class P>
+consteval bool check_policy_set() {
+  static_assert(detail::eviction_present<P>(),
+                "policy set: no `eviction` member; derive from tide::default_policies or add "
+                "`using eviction = tide::policy::sieve;` (or fifo, lru, mooncake_sieve)");
+  static_assert(!detail::eviction_present<P>() || detail::eviction_shaped<P>(),
+                "policy set: `eviction` must name kName, a non-final `hook` class and an `order` "
+                "class (see <tide/policy/eviction.hpp>), e.g. tide::policy::sieve");
+  static_assert(!detail::eviction_shaped<P>() || detail::eviction_ok<P>(),
+                "policy set: `eviction::order` must offer insert(hook&), erase(hook&), touch(hook&) "
+                "(all noexcept, returning void), hook* evict() noexcept and size() const noexcept");
+  static_assert(detail::shard_hash_present<P>(),
+                "policy set: no `shard_hash` member; derive from tide::default_policies or add "
+                "`using shard_hash = tide::policy::mix_hash;` (or mooncake_hash, peer_path_hash)");
+  static_assert(!detail::shard_hash_present<P>() || detail::shard_hash_ok<P>(),
+                "policy set: `shard_hash` must offer kName, kNeedsPowerOfTwo and `static std::size_t "
+                "shard(const tide::shard_key&, std::size_t) noexcept` (see <tide/policy/shard_hash.hpp>)");
+  static_assert(detail::idle_present<P>(),
+                "policy set: no `idle` member; derive from tide::default_policies or add "
+                "`using idle = tide::policy::hybrid;` (or busy_poll, cq_event)");
+  static_assert(!detail::idle_present<P>() || detail::idle_ok<P>(),
+                "policy set: `idle` must offer kName, config, static result<I> create(config), "
+                "attach/detach, and noexcept on_work(), on_empty(repass), wake() "
+                "(see <tide/policy/idle.hpp>)");
+  static_assert(detail::metadata_ok<P>(),
+                "policy set: `metadata` must be a metadata backend: constructible from "
+                "tide::metadata_config, with kName, get_segment, put_segment, remove_segment "
+                "(see <tide/metadata/backend.hpp>), e.g. tide::policy::p2p");
+  return true;
+}
+
+static_assert(check_policy_set<default_policies>());
+
+}  // namespace tide

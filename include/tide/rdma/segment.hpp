@@ -1,0 +1,83 @@
+#pragma once
+/// The data path's resolved views of segments: local registered buffers
+/// (with one MR per context) and remote segments (buffers sorted for
+/// address lookup, NIC paths, device choice through the peer's priority
+/// matrix).  Built on the setup path; read on the hot path without locks.
+
+#include <tide/metadata/descriptors.hpp>
+#include <tide/result.hpp>
+#include <tide/topology/location.hpp>
+#include <tide/topology/priority_matrix.hpp>
+#include <tide/verbs/mr.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tide::rdma {
+
+/// Chooses a NIC for byte `offset` of a buffer: the matrix entries of its
+/// location (one per `segments:` node, else one).
+struct device_chooser {
+  topology::location loc;
+  std::vector<const topology::matrix_entry*> entries;  ///< per node of loc (or one)
+
+  [[nodiscard]] const topology::matrix_entry& entry_at(std::uint64_t offset) const noexcept {
+    if (entries.size() == 1) return *entries[0];
+    return *entries[(offset / loc.page_size) % entries.size()];
+  }
+  /// Builds the entries from `m` (a key the matrix lacks means every NIC).
+  static device_chooser make(const topology::location& loc, const topology::priority_matrix& m);
+};
+
+struct local_buffer {
+  std::uint64_t addr = 0;
+  std::uint64_t length = 0;
+  std::string location_text;
+  device_chooser chooser;
+  std::vector<verbs::memory_region> mrs;  ///< one per context, in device-id order
+  std::vector<std::uint32_t> lkeys;
+};
+
+struct remote_buffer {
+  std::uint64_t addr = 0;
+  std::uint64_t length = 0;
+  std::vector<std::uint32_t> rkeys;  ///< per device, devices[] order
+  device_chooser chooser;            ///< yields matrix ids; map with remote_segment::to_desc
+};
+
+struct remote_segment {
+  std::string name;
+  std::string server;                   ///< NIC paths are "<server>@<device>"
+  std::vector<std::string> nic_paths;   ///< per device, devices[] order
+  topology::priority_matrix matrix;     ///< the peer's (or one over devices[] when absent)
+  std::vector<int> to_desc;             ///< matrix device id -> devices[] index (-1: unknown)
+  std::vector<remote_buffer> buffers;   ///< descriptor order (the bounds-checked form indexes it)
+  std::vector<std::uint32_t> by_addr;   ///< buffer indices sorted by addr
+
+  /// Builds the view.  Errors: metadata_malformed (a buffer location that
+  /// does not parse, a priority matrix naming no device of devices[]).
+  [[nodiscard]] static result<std::shared_ptr<const remote_segment>> resolve(const segment_desc& d);
+
+  /// Index of the buffer that holds [addr, addr+len), or -1.  O(log n).
+  [[nodiscard]] int find(std::uint64_t addr, std::uint64_t len) const noexcept;
+
+  /// Peer device (devices[] index) for byte `offset` of buffer `b` on try
+  /// `retry`; -1 when none.  Hot path.
+  [[nodiscard]] int choose(const remote_buffer& b, std::uint64_t offset, unsigned retry,
+                           std::uint32_t random) const noexcept {
+    const auto& e = b.chooser.entry_at(offset);
+    const std::size_t total = e.preferred.size() + e.available.size();
+    for (std::size_t k = 0; k <= total; ++k) {
+      const int id = e.select(retry + static_cast<unsigned>(k), random);
+      if (id >= 0 && static_cast<std::size_t>(id) < to_desc.size() && to_desc[static_cast<std::size_t>(id)] >= 0)
+        return to_desc[static_cast<std::size_t>(id)];
+      if (retry == 0 && k == 0) retry = 1;  // walk deterministically after a miss
+    }
+    return -1;
+  }
+};
+
+}  // namespace tide::rdma

@@ -1,0 +1,86 @@
+#pragma once
+/// The user-facing vocabulary of transfers: requests, their states and
+/// statuses, segment and batch handles.  Shared by rdma_transport and
+/// transfer_engine.
+
+#include <tide/errc.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+namespace tide {
+
+/// A handle to an opened remote segment (open_segment); small integers.
+using segment_id = std::uint64_t;
+/// A handle to an allocated batch (allocate_batch).
+using batch_id = std::uint64_t;
+
+inline constexpr segment_id kInvalidSegment = std::numeric_limits<segment_id>::max();
+
+enum class transfer_op : std::uint8_t { read, write };
+
+/// One transfer: `length` bytes between local `source` (inside registered
+/// memory) and the target segment.
+///
+/// Addressing, two forms:
+///  - Mooncake's: `buffer == kRawAddress` and `target_offset` is the remote
+///    virtual address (as published in the peer's buffer descriptor); the
+///    range must lie inside one remote buffer or submit rejects it with
+///    errc::out_of_bounds.
+///  - bounds-checked: `buffer` is the index of a buffer in the segment's
+///    descriptor and `target_offset` an offset inside that buffer; submit
+///    rejects `target_offset + length > buffer length` with errc::out_of_bounds.
+struct transfer_request {
+  static constexpr std::uint32_t kRawAddress = std::numeric_limits<std::uint32_t>::max();
+
+  transfer_op op = transfer_op::write;
+  void* source = nullptr;
+  segment_id target = kInvalidSegment;
+  std::uint64_t target_offset = 0;
+  std::size_t length = 0;
+  std::uint32_t buffer = kRawAddress;
+
+  /// Mooncake's form: `remote_addr` is the peer's virtual address.
+  [[nodiscard]] static constexpr transfer_request at_address(transfer_op op, void* source, segment_id target,
+                                                             std::uint64_t remote_addr, std::size_t length) noexcept {
+    return {op, source, target, remote_addr, length, kRawAddress};
+  }
+  /// The bounds-checked form: buffer `buffer` of the segment, at `offset`.
+  [[nodiscard]] static constexpr transfer_request in_buffer(transfer_op op, void* source, segment_id target,
+                                                            std::uint32_t buffer, std::uint64_t offset,
+                                                            std::size_t length) noexcept {
+    return {op, source, target, offset, length, buffer};
+  }
+};
+
+/// Mooncake's TransferStatusEnum, less INVALID (tide reports bad input as an errc at submit).
+enum class transfer_state : std::uint8_t { waiting, pending, completed, failed, timeout, canceled };
+
+[[nodiscard]] constexpr std::string_view to_string(transfer_state s) noexcept {
+  switch (s) {
+    case transfer_state::waiting: return "WAITING";
+    case transfer_state::pending: return "PENDING";
+    case transfer_state::completed: return "COMPLETED";
+    case transfer_state::failed: return "FAILED";
+    case transfer_state::timeout: return "TIMEOUT";
+    case transfer_state::canceled: return "CANCELED";
+  }
+  return "?";
+}
+
+/// True for the states a task never leaves.
+[[nodiscard]] constexpr bool is_final(transfer_state s) noexcept {
+  return s == transfer_state::completed || s == transfer_state::failed || s == transfer_state::timeout ||
+         s == transfer_state::canceled;
+}
+
+struct transfer_status {
+  transfer_state state = transfer_state::waiting;
+  std::uint64_t transferred_bytes = 0;
+  /// Why the task failed (ok otherwise): the last slice error seen.
+  errc reason = errc::ok;
+};
+
+}  // namespace tide

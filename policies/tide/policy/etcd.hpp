@@ -1,0 +1,48 @@
+#pragma once
+/// tide::policy::etcd — descriptors in etcd through its v3 JSON gateway
+/// (POST /v3/kv/range, /v3/kv/put, /v3/kv/deleterange; keys and values
+/// base64), over Boost.Beast.  Keys follow Mooncake's scheme,
+/// mooncake/[<cluster_id>/]ram/<segment>, so tide and Mooncake peers can
+/// share one etcd.
+///
+/// Connection string: "etcd://host:port[,host:port...]" (or the same without
+/// the scheme, as Mooncake accepts).  Each call starts with the endpoint that
+/// last answered and moves to the next on any failure (refused, timed out,
+/// HTTP error), so a cluster with a dead member keeps working.
+/// Timeouts: each endpoint attempt is bounded by config.timeout (connect +
+/// request + reply); a call therefore takes at most endpoints x timeout.
+/// Errors: errc::segment_not_found, errc::metadata_unavailable (every
+/// endpoint failed; the detail lists why), errc::config_invalid.
+/// Thread-safe: each call uses its own connection.
+
+#include <tide/metadata/backend.hpp>
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace tide::policy {
+
+class etcd {
+ public:
+  static constexpr std::string_view kName = "etcd";
+
+  explicit etcd(const metadata_config& config);
+  etcd(etcd&&) noexcept;
+  etcd& operator=(etcd&&) noexcept;
+  ~etcd();
+
+  [[nodiscard]] result<std::string> get_segment(std::string_view name);
+  [[nodiscard]] status put_segment(std::string_view name, std::string_view json);
+  /// Errors: errc::segment_not_found when the key did not exist.
+  [[nodiscard]] status remove_segment(std::string_view name);
+
+  struct impl;  ///< not API
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+static_assert(metadata_backend<etcd>);
+
+}  // namespace tide::policy

@@ -1,0 +1,44 @@
+#pragma once
+/// tide::policy::http — Mooncake's HTTP metadata protocol:
+///   GET    <url>?key=<url-escaped key>   200 + body, 404 when absent
+///   PUT    <url>?key=<key>  body = JSON (Content-Type: application/json)
+///   DELETE <url>?key=<key>
+/// against Mooncake's metadata server or tide's own `tide-metadata-server`.
+/// Keys: mooncake/[<cluster_id>/]ram/<segment>.
+///
+/// Connection string: "http://host:port/path" (https is not supported).
+/// Timeouts: config.timeout bounds each call (connect + request + reply).
+/// Errors: errc::segment_not_found (404), errc::metadata_unavailable
+/// (unreachable, timed out, other HTTP status), errc::config_invalid.
+/// Thread-safe: each call uses its own connection.
+
+#include <tide/metadata/backend.hpp>
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace tide::policy {
+
+class http {
+ public:
+  static constexpr std::string_view kName = "http";
+
+  explicit http(const metadata_config& config);
+  http(http&&) noexcept;
+  http& operator=(http&&) noexcept;
+  ~http();
+
+  [[nodiscard]] result<std::string> get_segment(std::string_view name);
+  [[nodiscard]] status put_segment(std::string_view name, std::string_view json);
+  [[nodiscard]] status remove_segment(std::string_view name);
+
+  struct impl;  ///< not API
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+static_assert(metadata_backend<http>);
+
+}  // namespace tide::policy

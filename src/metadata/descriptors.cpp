@@ -1,0 +1,464 @@
+// JSON codecs for the Mooncake-compatible descriptors (the only TU of the
+// metadata layer that parses descriptor JSON; nlohmann stays out of headers).
+
+#include <tide/metadata/descriptors.hpp>
+
+#include "json_util.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <numeric>
+#include <sys/time.h>
+
+namespace tide {
+
+using nlohmann::json;
+using detail::json_field;
+using detail::malformed;
+
+// ---------------------------------------------------------------- GID
+
+result<gid_bytes> parse_gid(std::string_view text) {
+  gid_bytes out;
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < out.raw.size(); ++i) {
+    if (i > 0) {
+      if (pos >= text.size() || text[pos] != ':') {
+        return malformed("gid", "expected 16 colon-separated hex bytes, got \"" +
+                                    std::string(text.substr(0, 64)) + "\"");
+      }
+      ++pos;
+    }
+    unsigned value = 0;
+    std::size_t digits = 0;
+    while (pos < text.size() && digits < 3) {
+      const char c = text[pos];
+      unsigned d;
+      if (c >= '0' && c <= '9') {
+        d = static_cast<unsigned>(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        d = static_cast<unsigned>(c - 'a' + 10);
+      } else if (c >= 'A' && c <= 'F') {
+        d = static_cast<unsigned>(c - 'A' + 10);
+      } else {
+        break;
+      }
+      value = value * 16 + d;
+      ++digits;
+      ++pos;
+    }
+    if (digits == 0 || digits > 2) {
+      return malformed("gid", "byte " + std::to_string(i) + " of \"" +
+                                  std::string(text.substr(0, 64)) +
+                                  "\" is not 1-2 hex digits (16 colon-separated bytes expected)");
+    }
+    out.raw[i] = static_cast<std::uint8_t>(value);
+  }
+  if (pos != text.size()) {
+    return malformed("gid", "trailing data after 16 bytes in \"" +
+                                std::string(text.substr(0, 64)) + "\"");
+  }
+  return out;
+}
+
+std::string format_gid(const gid_bytes& gid) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(47);
+  for (std::size_t i = 0; i < gid.raw.size(); ++i) {
+    if (i > 0) s.push_back(':');
+    s.push_back(kHex[gid.raw[i] >> 4]);
+    s.push_back(kHex[gid.raw[i] & 0xf]);
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- validation
+
+status validate_segment(const segment_desc& d) {
+  if (d.name.empty()) return malformed("name", "must not be empty");
+  if (d.protocol.empty()) return malformed("protocol", "must not be empty");
+  for (std::size_t i = 0; i < d.devices.size(); ++i) {
+    const std::string field = "devices[" + std::to_string(i) + "]";
+    if (d.devices[i].name.empty()) return malformed(field + ".name", "must not be empty");
+    for (std::size_t j = 0; j < i; ++j) {
+      if (d.devices[j].name == d.devices[i].name) {
+        return malformed(field + ".name", "\"" + d.devices[i].name + "\" duplicates devices[" +
+                                              std::to_string(j) + "]");
+      }
+    }
+  }
+  const bool rdma = d.protocol == "rdma";
+  const std::size_t ndev = d.devices.size();
+  for (std::size_t i = 0; i < d.buffers.size(); ++i) {
+    const buffer_desc& b = d.buffers[i];
+    const std::string field = "buffers[" + std::to_string(i) + "]";
+    if (b.name.empty()) return malformed(field + ".name", "must not be empty (a location such as cpu:0)");
+    if (b.addr == 0) return malformed(field + ".addr", "must not be 0");
+    if (b.length == 0) return malformed(field + ".length", "must not be 0 (zero-length buffer)");
+    if (b.addr > UINT64_MAX - b.length) {
+      return malformed(field, "addr " + std::to_string(b.addr) + " + length " +
+                                  std::to_string(b.length) + " wraps past 2^64");
+    }
+    if (rdma || !b.rkey.empty()) {
+      if (b.rkey.size() != ndev) {
+        return malformed(field + ".rkey", "expected " + std::to_string(ndev) +
+                                              " keys (one per device), got " +
+                                              std::to_string(b.rkey.size()));
+      }
+      if (b.lkey.size() != ndev) {
+        return malformed(field + ".lkey", "expected " + std::to_string(ndev) +
+                                              " keys (one per device), got " +
+                                              std::to_string(b.lkey.size()));
+      }
+    }
+  }
+  if (d.buffers.size() > 1) {
+    std::vector<std::size_t> order(d.buffers.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return d.buffers[a].addr < d.buffers[b].addr ||
+             (d.buffers[a].addr == d.buffers[b].addr && a < b);
+    });
+    for (std::size_t k = 1; k < order.size(); ++k) {
+      const buffer_desc& prev = d.buffers[order[k - 1]];
+      const buffer_desc& cur = d.buffers[order[k]];
+      if (prev.addr + prev.length > cur.addr) {
+        const std::size_t lo = std::min(order[k - 1], order[k]);
+        const std::size_t hi = std::max(order[k - 1], order[k]);
+        return malformed("buffers[" + std::to_string(hi) + "]",
+                         "overlaps buffers[" + std::to_string(lo) + "]");
+      }
+    }
+  }
+  for (const auto& [location, entry] : d.priority) {
+    if (location.empty()) return malformed("priority_matrix", "empty location key");
+    for (const auto* list : {&entry.preferred, &entry.available}) {
+      for (const auto& nic : *list) {
+        if (nic.empty()) return malformed("priority_matrix[\"" + location + "\"]", "empty NIC name");
+      }
+    }
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------- segment
+
+namespace {
+
+json keys_json(const std::vector<std::uint32_t>& keys) {
+  json a = json::array();
+  for (auto k : keys) a.push_back(k);
+  return a;
+}
+
+json strings_json(const std::vector<std::string>& v) {
+  json a = json::array();
+  for (const auto& s : v) a.push_back(s);
+  return a;
+}
+
+std::string dump_line(const json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  s.push_back('\n');
+  return s;
+}
+
+result<std::vector<std::uint32_t>> read_u32_array(const json& v, const std::string& field) {
+  if (!v.is_array()) return detail::wrong_type(v, field, "an array of unsigned integers");
+  std::vector<std::uint32_t> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    auto x = detail::read_unsigned(v[i], field + "[" + std::to_string(i) + "]", UINT32_MAX);
+    if (!x) return tl::unexpected(std::move(x.error()));
+    out.push_back(static_cast<std::uint32_t>(*x));
+  }
+  return out;
+}
+
+result<std::vector<std::string>> read_string_array(const json& v, const std::string& field) {
+  if (!v.is_array()) return detail::wrong_type(v, field, "an array of strings");
+  std::vector<std::string> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) {
+      return detail::wrong_type(v[i], field + "[" + std::to_string(i) + "]", "a string");
+    }
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
+}
+
+#define TIDE_TRY_ASSIGN(lhs, expr)                                  \
+  do {                                                              \
+    auto tide_r_ = (expr);                                          \
+    if (!tide_r_) return tl::unexpected(std::move(tide_r_.error())); \
+    lhs = std::move(*tide_r_);                                      \
+  } while (0)
+
+result<device_desc> read_device(const json& v, const std::string& field) {
+  if (!v.is_object()) return detail::wrong_type(v, field, "an object");
+  device_desc d;
+  json_field f{v, field};
+  TIDE_TRY_ASSIGN(d.name, f.string("name"));
+  std::uint64_t lid = 0;
+  TIDE_TRY_ASSIGN(lid, f.unsigned_int("lid", UINT16_MAX));
+  d.lid = static_cast<std::uint16_t>(lid);
+  std::string gid_text;
+  TIDE_TRY_ASSIGN(gid_text, f.string("gid"));
+  auto gid = parse_gid(gid_text);
+  if (!gid) return malformed(field + ".gid", gid.error().detail.substr(5));  // drop "gid: "
+  d.gid = *gid;
+  return d;
+}
+
+result<buffer_desc> read_buffer(const json& v, const std::string& field) {
+  if (!v.is_object()) return detail::wrong_type(v, field, "an object");
+  buffer_desc b;
+  json_field f{v, field};
+  TIDE_TRY_ASSIGN(b.name, f.string("name"));
+  TIDE_TRY_ASSIGN(b.addr, f.unsigned_int("addr", UINT64_MAX));
+  TIDE_TRY_ASSIGN(b.length, f.unsigned_int("length", UINT64_MAX));
+  // Buffers of non-RDMA protocols carry no keys; absent means none.
+  if (const json* k = f.find("rkey")) TIDE_TRY_ASSIGN(b.rkey, read_u32_array(*k, field + ".rkey"));
+  if (const json* k = f.find("lkey")) TIDE_TRY_ASSIGN(b.lkey, read_u32_array(*k, field + ".lkey"));
+  return b;
+}
+
+result<priority_matrix> read_priority(const json& v, const std::string& field) {
+  if (!v.is_object()) return detail::wrong_type(v, field, "an object");
+  priority_matrix m;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string row = field + "[\"" + it.key() + "\"]";
+    const json& e = it.value();
+    if (!e.is_array() || e.size() != 2) {
+      return malformed(row, std::string("expected [[preferred NICs],[available NICs]], got ") +
+                                (e.is_array() ? "an array of " + std::to_string(e.size())
+                                              : std::string(e.type_name())));
+    }
+    priority_entry pe;
+    TIDE_TRY_ASSIGN(pe.preferred, read_string_array(e[0], row + "[0]"));
+    TIDE_TRY_ASSIGN(pe.available, read_string_array(e[1], row + "[1]"));
+    m.emplace(it.key(), std::move(pe));
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string encode_segment(const segment_desc& d) {
+  json j = json::object();
+  j["name"] = d.name;
+  j["protocol"] = d.protocol;
+  j["tcp_data_port"] = d.tcp_data_port;
+  j["tcp_proto_version"] = d.tcp_proto_version;
+  j["timestamp"] = d.timestamp;
+  if (d.rdma_server_name) j["rdma_server_name"] = *d.rdma_server_name;
+  json devices = json::array();
+  for (const auto& dev : d.devices) {
+    devices.push_back({{"name", dev.name}, {"lid", dev.lid}, {"gid", format_gid(dev.gid)}});
+  }
+  j["devices"] = std::move(devices);
+  json buffers = json::array();
+  for (const auto& b : d.buffers) {
+    buffers.push_back({{"name", b.name},
+                       {"addr", b.addr},
+                       {"length", b.length},
+                       {"rkey", keys_json(b.rkey)},
+                       {"lkey", keys_json(b.lkey)}});
+  }
+  j["buffers"] = std::move(buffers);
+  json pm = json::object();
+  for (const auto& [loc, e] : d.priority) {
+    pm[loc] = json::array({strings_json(e.preferred), strings_json(e.available)});
+  }
+  j["priority_matrix"] = std::move(pm);
+  return dump_line(j);
+}
+
+result<segment_desc> decode_segment(std::string_view text) try {
+  json root;
+  TIDE_TRY_ASSIGN(root, detail::parse_object(text));
+  segment_desc d;
+  json_field f{root, ""};
+  TIDE_TRY_ASSIGN(d.name, f.string("name"));
+  TIDE_TRY_ASSIGN(d.protocol, f.string("protocol"));
+  const bool rdma = d.protocol == "rdma";
+  if (const json* v = f.find("timestamp")) {
+    if (!v->is_string()) return detail::wrong_type(*v, "timestamp", "a string");
+    d.timestamp = v->get<std::string>();
+  }
+  if (f.find("tcp_data_port")) {
+    std::uint64_t port = 0;
+    TIDE_TRY_ASSIGN(port, f.unsigned_int("tcp_data_port", UINT16_MAX));
+    d.tcp_data_port = static_cast<std::uint16_t>(port);
+  }
+  if (f.find("tcp_proto_version")) {
+    std::uint64_t version = 0;
+    TIDE_TRY_ASSIGN(version, f.unsigned_int("tcp_proto_version", UINT32_MAX));
+    d.tcp_proto_version = static_cast<std::uint32_t>(version);
+  }
+  if (f.find("rdma_server_name")) {
+    std::string s;
+    TIDE_TRY_ASSIGN(s, f.string("rdma_server_name"));
+    d.rdma_server_name = std::move(s);
+  }
+  const json* devices = rdma ? nullptr : f.find("devices");
+  if (rdma) TIDE_TRY_ASSIGN(devices, f.require("devices"));
+  if (devices) {
+    if (!devices->is_array()) return detail::wrong_type(*devices, "devices", "an array");
+    for (std::size_t i = 0; i < devices->size(); ++i) {
+      device_desc dev;
+      TIDE_TRY_ASSIGN(dev, read_device((*devices)[i], "devices[" + std::to_string(i) + "]"));
+      d.devices.push_back(std::move(dev));
+    }
+  }
+  const json* buffers = nullptr;
+  TIDE_TRY_ASSIGN(buffers, f.require("buffers"));
+  if (!buffers->is_array()) return detail::wrong_type(*buffers, "buffers", "an array");
+  for (std::size_t i = 0; i < buffers->size(); ++i) {
+    buffer_desc b;
+    TIDE_TRY_ASSIGN(b, read_buffer((*buffers)[i], "buffers[" + std::to_string(i) + "]"));
+    d.buffers.push_back(std::move(b));
+  }
+  const json* pm = rdma ? nullptr : f.find("priority_matrix");
+  if (rdma) TIDE_TRY_ASSIGN(pm, f.require("priority_matrix"));
+  if (pm) TIDE_TRY_ASSIGN(d.priority, read_priority(*pm, "priority_matrix"));
+  if (auto ok = validate_segment(d); !ok) return tl::unexpected(std::move(ok.error()));
+  return d;
+} catch (const std::exception& e) {
+  return malformed("segment", std::string("cannot decode: ") + e.what());
+}
+
+// ---------------------------------------------------------------- handshake
+
+std::string encode_handshake(const handshake_desc& d) {
+  json j = json::object();
+  j["payload"] = d.payload;
+  j["local_nic_path"] = d.local_nic_path;
+  j["peer_nic_path"] = d.peer_nic_path;
+  j["local_lid"] = d.local_lid;
+  j["local_gid"] = d.local_gid ? format_gid(*d.local_gid) : std::string();
+  j["qp_num"] = keys_json(d.qp_num);
+  if (d.ready_ack) j["ready_ack"] = *d.ready_ack;
+  j["reply_msg"] = d.reply_msg;
+  if (d.mtu) j["mtu"] = *d.mtu;
+  return dump_line(j);
+}
+
+result<handshake_desc> decode_handshake(std::string_view text) try {
+  json root;
+  TIDE_TRY_ASSIGN(root, detail::parse_object(text));
+  handshake_desc d;
+  json_field f{root, ""};
+  if (f.find("payload")) TIDE_TRY_ASSIGN(d.payload, f.string("payload"));
+  TIDE_TRY_ASSIGN(d.local_nic_path, f.string("local_nic_path"));
+  TIDE_TRY_ASSIGN(d.peer_nic_path, f.string("peer_nic_path"));
+  std::uint64_t lid = 0;
+  TIDE_TRY_ASSIGN(lid, f.unsigned_int("local_lid", UINT16_MAX));
+  d.local_lid = static_cast<std::uint16_t>(lid);
+  std::string gid_text;
+  TIDE_TRY_ASSIGN(gid_text, f.string("local_gid"));
+  if (!gid_text.empty()) {
+    auto gid = parse_gid(gid_text);
+    if (!gid) return malformed("local_gid", gid.error().detail.substr(5));
+    d.local_gid = *gid;
+  }
+  const json* qps = nullptr;
+  TIDE_TRY_ASSIGN(qps, f.require("qp_num"));
+  TIDE_TRY_ASSIGN(d.qp_num, read_u32_array(*qps, "qp_num"));
+  if (const json* v = f.find("ready_ack")) {
+    if (!v->is_boolean()) return detail::wrong_type(*v, "ready_ack", "a boolean");
+    d.ready_ack = v->get<bool>();
+  }
+  if (f.find("reply_msg")) TIDE_TRY_ASSIGN(d.reply_msg, f.string("reply_msg"));
+  if (f.find("mtu")) {
+    std::uint64_t mtu = 0;
+    TIDE_TRY_ASSIGN(mtu, f.unsigned_int("mtu", UINT32_MAX));
+    if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096) {
+      return malformed("mtu", "must be 256, 512, 1024, 2048 or 4096, got " + std::to_string(mtu));
+    }
+    d.mtu = static_cast<std::uint32_t>(mtu);
+  }
+  return d;
+} catch (const std::exception& e) {
+  return malformed("handshake", std::string("cannot decode: ") + e.what());
+}
+
+// ---------------------------------------------------------------- notify
+
+std::string encode_notify(const notify_desc& d) {
+  return dump_line(json{{"name", d.name}, {"notify_msg", d.notify_msg}});
+}
+
+result<notify_desc> decode_notify(std::string_view text) try {
+  json root;
+  TIDE_TRY_ASSIGN(root, detail::parse_object(text));
+  notify_desc d;
+  json_field f{root, ""};
+  TIDE_TRY_ASSIGN(d.name, f.string("name"));
+  TIDE_TRY_ASSIGN(d.notify_msg, f.string("notify_msg"));
+  return d;
+} catch (const std::exception& e) {
+  return malformed("notify", std::string("cannot decode: ") + e.what());
+}
+
+// ---------------------------------------------------------------- misc
+
+status validate_json(std::string_view text) try {
+  if (detail::json_depth(text, detail::kMaxJsonDepth) < 0) {
+    return malformed("json", "nested deeper than " + std::to_string(detail::kMaxJsonDepth) + " levels");
+  }
+  if (!json::accept(text.begin(), text.end())) {
+    // Parse again for the position and reason; only on the error path.
+    try {
+      const json ignored = json::parse(text.begin(), text.end());
+      (void)ignored;
+    } catch (const json::exception& e) {
+      return malformed("json", e.what());
+    }
+    return malformed("json", "not valid JSON");
+  }
+  return {};
+} catch (const std::exception& e) {
+  return malformed("json", e.what());
+}
+
+std::optional<std::size_t> find_buffer_index(const segment_desc& desc, std::uint64_t addr,
+                                             std::uint64_t length) noexcept {
+  if (length == 0) return std::nullopt;
+  for (std::size_t i = 0; i < desc.buffers.size(); ++i) {
+    const buffer_desc& b = desc.buffers[i];
+    if (addr >= b.addr && length <= b.length && addr - b.addr <= b.length - length) return i;
+  }
+  return std::nullopt;
+}
+
+std::string current_timestamp() {
+  timeval tv{};
+  gettimeofday(&tv, nullptr);
+  std::tm tm{};
+  localtime_r(&tv.tv_sec, &tm);
+  char date[32];
+  const std::size_t n = std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof out, "%.*s.%06ld", static_cast<int>(n), date,
+                static_cast<long>(tv.tv_usec));
+  return out;
+}
+
+std::string segment_key(std::string_view cluster_id, std::string_view name) {
+  std::string key = "mooncake/";
+  if (!cluster_id.empty()) {
+    key.append(cluster_id);
+    if (cluster_id.back() != '/') key.push_back('/');
+  }
+  if (name.find('/') == std::string_view::npos) key.append("ram/");
+  key.append(name);
+  return key;
+}
+
+}  // namespace tide

@@ -1,0 +1,85 @@
+#include <tide/policy/http.hpp>
+
+#include "http_client.hpp"
+
+#include <tide/metadata/descriptors.hpp>
+#include <tide/net/address.hpp>
+
+#include <optional>
+
+namespace tide::policy {
+
+struct http::impl {
+  metadata_config config;
+  net::peer_address server;
+  std::string path;
+  std::optional<error> config_error;
+
+  explicit impl(const metadata_config& c) : config(c) {
+    std::string_view s = config.connection;
+    if (!s.starts_with("http://")) {
+      config_error = error{errc::config_invalid, "HTTP metadata URL \"" + config.connection +
+                                                     "\" must start with http:// (https is not supported)"};
+      return;
+    }
+    s.remove_prefix(7);
+    const auto slash = s.find('/');
+    const std::string_view authority = s.substr(0, slash);
+    path = slash == std::string_view::npos ? std::string("/") : std::string(s.substr(slash));
+    if (path.find_first_of("?#") != std::string::npos) {
+      config_error = error{errc::config_invalid, "HTTP metadata URL \"" + config.connection + "\" has a query"};
+      return;
+    }
+    auto ep = net::parse_peer_address(authority, 80);
+    if (!ep) {
+      config_error = error{errc::config_invalid, "HTTP metadata URL \"" + config.connection + "\": " + ep.error().detail};
+      return;
+    }
+    server = std::move(*ep);
+    if (config.timeout.count() <= 0) config_error = error{errc::config_invalid, "metadata timeout must be > 0"};
+  }
+
+  result<detail::http_reply> request(std::string_view method, std::string_view name, std::string_view body) {
+    if (config_error) return fail(*config_error);
+    const std::string target = path + "?key=" + detail::url_escape(segment_key(config.cluster_id, name));
+    return detail::http_request(server.host, server.port, method, target, body,
+                                body.empty() ? std::string_view{} : std::string_view{"application/json"},
+                                config.timeout);
+  }
+
+  error unexpected(std::string_view method, const detail::http_reply& r) const {
+    return error{errc::metadata_unavailable, std::string(method) + " " + net::format_peer_address(server.host, server.port) +
+                                                 path + " answered HTTP " + std::to_string(r.status) + ": " +
+                                                 r.body.substr(0, 200)};
+  }
+};
+
+http::http(const metadata_config& config) : impl_(std::make_unique<impl>(config)) {}
+http::http(http&&) noexcept = default;
+http& http::operator=(http&&) noexcept = default;
+http::~http() = default;
+
+result<std::string> http::get_segment(std::string_view name) {
+  auto r = impl_->request("GET", name, {});
+  if (!r) return fail(r.error());
+  if (r->status == 404) return fail(errc::segment_not_found, "no key " + segment_key(impl_->config.cluster_id, name));
+  if (r->status != 200) return fail(impl_->unexpected("GET", *r));
+  return std::move(r->body);
+}
+
+status http::put_segment(std::string_view name, std::string_view json) {
+  auto r = impl_->request("PUT", name, json);
+  if (!r) return fail(r.error());
+  if (r->status != 200) return fail(impl_->unexpected("PUT", *r));
+  return {};
+}
+
+status http::remove_segment(std::string_view name) {
+  auto r = impl_->request("DELETE", name, {});
+  if (!r) return fail(r.error());
+  if (r->status == 404) return fail(errc::segment_not_found, "no key " + segment_key(impl_->config.cluster_id, name));
+  if (r->status != 200) return fail(impl_->unexpected("DELETE", *r));
+  return {};
+}
+
+}  // namespace tide::policy

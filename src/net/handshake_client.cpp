@@ -1,0 +1,246 @@
+// Blocking request/reply over Asio, each phase bounded by a deadline: the
+// io_context runs until the operation completes or the deadline passes, and
+// on a timeout the socket is closed so the operation ends at once.
+
+#include <tide/net/handshake_client.hpp>
+
+#include <tide/net/address.hpp>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include <array>
+#include <optional>
+
+namespace tide::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using clock = std::chrono::steady_clock;
+using boost::system::error_code;
+
+namespace {
+
+class client_session {
+ public:
+  client_session(std::string_view host, std::uint16_t port)
+      : host_(host), port_(port), where_(format_peer_address(host, port)) {}
+
+  status connect(std::chrono::milliseconds timeout) {
+    const auto deadline = clock::now() + timeout;
+    error_code ec;
+    const auto addr = asio::ip::make_address(host_, ec);
+    if (!ec) {
+      const tcp::endpoint ep{addr, port_};
+      ec = run_until(deadline, [&](auto handler) { sock_.async_connect(ep, handler); });
+    } else {
+      tcp::resolver resolver{ctx_};
+      tcp::resolver::results_type results;
+      ec = run_until(deadline, [&](auto handler) {
+        resolver.async_resolve(host_, std::to_string(port_),
+                               [&results, handler](const error_code& e, tcp::resolver::results_type r) {
+                                 results = std::move(r);
+                                 handler(e);
+                               });
+      }, [&] { resolver.cancel(); });
+      if (ec) {
+        return fail(errc::peer_unreachable, "cannot resolve " + where_ + ": " +
+                                                (ec == asio::error::timed_out ? "timed out" : ec.message()));
+      }
+      ec = run_until(deadline, [&](auto handler) {
+        asio::async_connect(sock_, results, [handler](const error_code& e, const tcp::endpoint&) { handler(e); });
+      });
+    }
+    if (ec == asio::error::timed_out) {
+      return fail(errc::peer_unreachable,
+                  "connect to " + where_ + " timed out after " + std::to_string(timeout.count()) + " ms");
+    }
+    if (ec) return fail(errc::peer_unreachable, "connect to " + where_ + ": " + ec.message());
+    sock_.set_option(tcp::no_delay(true), ec);
+    return {};
+  }
+
+  result<frame> round_trip(const std::string& request, std::size_t max_reply,
+                           std::chrono::milliseconds timeout) {
+    const auto deadline = clock::now() + timeout;
+    error_code ec = run_until(deadline, [&](auto handler) {
+      asio::async_write(sock_, asio::buffer(request), [handler](const error_code& e, std::size_t) { handler(e); });
+    });
+    if (ec == asio::error::timed_out) {
+      return fail(errc::handshake_failed, "sending to " + where_ + " timed out");
+    }
+    if (ec) return fail(errc::handshake_failed, "sending to " + where_ + ": " + ec.message());
+
+    frame_decoder dec{max_reply};
+    std::array<char, 16384> buf;
+    std::size_t got_total = 0;
+    while (dec.current() == frame_decoder::state::need_more) {
+      std::size_t got = 0;
+      ec = run_until(deadline, [&](auto handler) {
+        sock_.async_read_some(asio::buffer(buf, std::min(buf.size(), dec.bytes_wanted())),
+                              [handler, &got](const error_code& e, std::size_t n) {
+                                got = n;
+                                handler(e);
+                              });
+      });
+      if (ec == asio::error::timed_out) {
+        return fail(errc::handshake_failed, "no complete reply from " + where_ + " within " +
+                                                std::to_string(timeout.count()) + " ms (" +
+                                                std::to_string(got_total) + " bytes received)");
+      }
+      if (ec == asio::error::eof) {
+        return fail(errc::handshake_failed, where_ + " closed the connection after " +
+                                                std::to_string(got_total) + " bytes of the reply");
+      }
+      if (ec) return fail(errc::handshake_failed, "reading from " + where_ + ": " + ec.message());
+      got_total += got;
+      dec.feed(buf.data(), got);
+    }
+    if (dec.current() == frame_decoder::state::failed) {
+      error e = dec.failure();
+      e.detail = "reply from " + where_ + ": " + e.detail;
+      return fail(std::move(e));
+    }
+    return dec.take();
+  }
+
+  const std::string& where() const noexcept { return where_; }
+
+  ~client_session() {
+    error_code ignored;
+    sock_.close(ignored);
+  }
+
+ private:
+  // Starts an operation whose handler takes (error_code) and runs the
+  // io_context until it completes or `deadline` passes; on timeout, `cancel`
+  // (default: close the socket) aborts it and asio::error::timed_out results.
+  template <class Start, class Cancel>
+  error_code run_until(clock::time_point deadline, Start start, Cancel cancel) {
+    std::optional<error_code> done;
+    start([&done](const error_code& e) { done = e; });
+    ctx_.restart();
+    ctx_.run_until(deadline);
+    if (!done) {
+      cancel();
+      ctx_.restart();
+      ctx_.run();  // let the aborted operation finish before its buffers go away
+      return asio::error::timed_out;
+    }
+    return *done;
+  }
+  template <class Start>
+  error_code run_until(clock::time_point deadline, Start start) {
+    return run_until(deadline, start, [this] {
+      error_code ignored;
+      sock_.close(ignored);
+    });
+  }
+
+  asio::io_context ctx_{1};
+  tcp::socket sock_{ctx_};
+  std::string host_;
+  std::uint16_t port_;
+  std::string where_;
+};
+
+}  // namespace
+
+result<std::string> send_request(std::string_view host, std::uint16_t port, message_type type,
+                                 std::string_view body, const request_options& opts) {
+  if (host.empty()) return fail(errc::invalid_argument, "empty host");
+  try {
+    client_session s{host, port};
+    if (auto ok = s.connect(opts.connect_timeout); !ok) return fail(ok.error());
+    auto reply = s.round_trip(encode_frame(type, body), opts.max_reply, opts.receive_timeout);
+    if (!reply) return fail(reply.error());
+    if (reply->legacy || reply->type != type) {
+      return fail(errc::protocol_error,
+                  "reply from " + s.where() + " has type " +
+                      (reply->legacy ? std::string("legacy (untyped)") : std::string(to_string(reply->type))) +
+                      ", expected " + std::string(to_string(type)));
+    }
+    return std::move(reply->body);
+  } catch (const std::bad_alloc&) {
+    return fail(errc::out_of_memory, "handshake request to " + format_peer_address(host, port));
+  } catch (const std::exception& e) {
+    return fail(errc::handshake_failed, format_peer_address(host, port) + ": " + e.what());
+  }
+}
+
+result<handshake_desc> exchange_handshake(std::string_view host, std::uint16_t port,
+                                          const handshake_desc& local, const request_options& opts) {
+  auto body = send_request(host, port, message_type::connect, encode_handshake(local), opts);
+  if (!body) return fail(body.error());
+  auto reply = decode_handshake(*body);
+  if (!reply) {
+    return fail(reply.error().code,
+                "handshake reply from " + format_peer_address(host, port) + ": " + reply.error().detail);
+  }
+  if (!reply->reply_msg.empty()) {
+    return fail(errc::handshake_rejected, format_peer_address(host, port) + ": " + reply->reply_msg);
+  }
+  return reply;
+}
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\n' || s.front() == '\r' || s.front() == '\t')) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' || s.back() == '\t')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+}  // namespace
+
+result<std::string> fetch_metadata(std::string_view host, std::uint16_t port, const request_options& opts) {
+  // Mooncake sends its own descriptor and the server ignores it; "{}" is
+  // valid JSON and accepted by both.
+  auto body = send_request(host, port, message_type::metadata, "{}\n", opts);
+  if (!body) return fail(body.error());
+  const std::string_view t = trim(*body);
+  if (t.empty() || t == "null") {
+    return fail(errc::segment_not_found, format_peer_address(host, port) + " serves no segment descriptor");
+  }
+  return body;
+}
+
+result<segment_desc> fetch_segment(std::string_view host, std::uint16_t port, const request_options& opts) {
+  auto body = fetch_metadata(host, port, opts);
+  if (!body) return fail(body.error());
+  auto desc = decode_segment(*body);
+  if (!desc) {
+    return fail(desc.error().code,
+                "segment served by " + format_peer_address(host, port) + ": " + desc.error().detail);
+  }
+  return desc;
+}
+
+status send_notify(std::string_view host, std::uint16_t port, const notify_desc& msg,
+                   const request_options& opts) {
+  auto body = send_request(host, port, message_type::notify, encode_notify(msg), opts);
+  if (!body) return fail(body.error());
+  auto reply = decode_notify(*body);
+  if (!reply) {
+    return fail(reply.error().code,
+                "notify reply from " + format_peer_address(host, port) + ": " + reply.error().detail);
+  }
+  if (reply->notify_msg.empty()) {
+    return fail(errc::handshake_rejected, format_peer_address(host, port) + " did not accept the notification");
+  }
+  return {};
+}
+
+status probe(std::string_view host, std::uint16_t port, const request_options& opts) {
+  auto body = send_request(host, port, message_type::probe, "{}\n", opts);
+  if (!body) return fail(body.error());
+  return {};
+}
+
+}  // namespace tide::net

@@ -1,0 +1,530 @@
+// The handshake server: one I/O thread drives every connection through
+// reading -> handling -> writing -> lingering; callbacks run on a small worker
+// pool and hand their reply back to the I/O thread.  Only the I/O thread
+// touches sockets, timers and the connection list.
+
+#include <tide/net/handshake_server.hpp>
+
+#include <tide/detail/log.hpp>
+#include <tide/net/address.hpp>
+#include <tide/net/local_segments.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <future>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace tide::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+
+class connection;
+
+constexpr std::string_view kProbeReply = "{\"status\":\"success\"}\n";
+constexpr std::string_view kNullReply = "null\n";
+
+}  // namespace
+
+struct handshake_server::impl {
+  impl(handshake_server_config c, handshake_handlers h)
+      : cfg(std::move(c)), handlers(std::move(h)), pool(std::max(1u, cfg.handler_threads)) {}
+
+  // Declared first so it is destroyed last: sockets and timers below refer to it.
+  asio::io_context io{1};
+  handshake_server_config cfg;
+  handshake_handlers handlers;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer accept_retry{io};
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  asio::thread_pool pool;
+  std::thread io_thread;
+  std::string where;
+  std::uint16_t port = 0;
+
+  // I/O thread only.
+  std::vector<std::weak_ptr<connection>> conns;
+  bool closed = false;
+
+  std::atomic<std::size_t> active{0};
+  std::atomic<std::uint64_t> accepted{0};
+  std::atomic<std::uint64_t> served{0};
+  std::atomic<std::uint64_t> dropped{0};
+  std::atomic<bool> stopped{false};
+
+  void accept_next();
+  void run_io() noexcept;
+  // Runs on a pool thread: the reply body, or why to drop the connection.
+  result<std::string> handle(message_type type, const std::string& body);
+  std::optional<std::string> served_segment();
+};
+
+namespace {
+
+class connection : public std::enable_shared_from_this<connection> {
+ public:
+  connection(handshake_server::impl& srv, tcp::socket sock)
+      : srv_(srv), sock_(std::move(sock)), timer_(srv.io), dec_(srv.cfg.max_frame) {
+    error_code ec;
+    const auto ep = sock_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : format_peer_address(ep.address().to_string(), ep.port());
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  ~connection() { srv_.active.fetch_sub(1, std::memory_order_relaxed); }
+
+  void start() {
+    arm_timer();
+    read_request();
+  }
+
+  // stop(): close without a word.
+  void abort() {
+    phase_ = phase::done;
+    close();
+  }
+
+ private:
+  enum class phase : std::uint8_t { reading, handling, writing, lingering, done };
+
+  void arm_timer() {
+    const unsigned gen = ++timer_gen_;
+    timer_.expires_after(srv_.cfg.receive_timeout);
+    timer_.async_wait([self = shared_from_this(), gen](const error_code& ec) {
+      // A stale wait (re-armed or cancelled since) must not fire.
+      if (!ec && gen == self->timer_gen_) self->on_timeout();
+    });
+  }
+  void disarm_timer() {
+    ++timer_gen_;
+    timer_.cancel();
+  }
+
+  void read_request() {
+    sock_.async_read_some(asio::buffer(buf_, std::min(buf_.size(), dec_.bytes_wanted())),
+                          [self = shared_from_this()](const error_code& ec, std::size_t n) {
+                            self->on_read(ec, n);
+                          });
+  }
+
+  void on_read(const error_code& ec, std::size_t n) {
+    if (phase_ != phase::reading) return;
+    if (ec) {
+      if (ec == asio::error::eof) {
+        drop("client closed the connection after " + std::to_string(received_) + " bytes");
+      } else {
+        drop("read failed: " + ec.message());
+      }
+      return;
+    }
+    received_ += n;
+    dec_.feed(buf_.data(), n);
+    switch (dec_.current()) {
+      case frame_decoder::state::need_more:
+        read_request();
+        return;
+      case frame_decoder::state::failed:
+        drop(dec_.failure().message());
+        return;
+      case frame_decoder::state::complete:
+        disarm_timer();
+        dispatch(dec_.take());
+        return;
+    }
+  }
+
+  void on_timeout() {
+    switch (phase_) {
+      case phase::reading:
+        drop("no complete request within " + std::to_string(srv_.cfg.receive_timeout.count()) + " ms (" +
+             std::to_string(received_) + " bytes received)");
+        return;
+      case phase::writing:
+        drop("the client did not take the reply within " +
+             std::to_string(srv_.cfg.receive_timeout.count()) + " ms");
+        return;
+      case phase::lingering:  // the reply is out; the client just did not close
+        finish();
+        return;
+      case phase::handling:
+      case phase::done:
+        return;
+    }
+  }
+
+  void dispatch(frame f) {
+    phase_ = phase::handling;
+    type_ = f.type;
+    legacy_ = f.legacy;
+    if (srv_.closed) {
+      abort();
+      return;
+    }
+    const bool inline_reply =
+        type_ == message_type::probe || (type_ == message_type::metadata && !srv_.handlers.local_segment);
+    if (inline_reply) {
+      // Cheap enough for the I/O thread: a syntax check and a registry copy.
+      if (auto ok = validate_json(f.body); !ok) {
+        drop("invalid JSON in a " + std::string(to_string(type_)) + " request: " + ok.error().detail);
+        return;
+      }
+      if (type_ == message_type::probe) {
+        send_reply(std::string(kProbeReply));
+      } else {
+        send_reply(srv_.served_segment().value_or(std::string(kNullReply)));
+      }
+      return;
+    }
+    asio::post(srv_.pool, [self = shared_from_this(), body = std::move(f.body)]() mutable {
+      auto outcome = self->srv_.handle(self->type_, body);
+      auto& io = self->srv_.io;
+      asio::post(io, [self = std::move(self), outcome = std::move(outcome)]() mutable {
+        if (self->phase_ != phase::handling) return;  // aborted by stop()
+        if (!outcome) {
+          self->drop(outcome.error().detail);
+        } else {
+          self->send_reply(std::move(*outcome));
+        }
+      });
+    });
+  }
+
+  void send_reply(std::string body) {
+    phase_ = phase::writing;
+    out_ = legacy_ ? encode_legacy_frame(body) : encode_frame(type_, body);
+    arm_timer();
+    asio::async_write(sock_, asio::buffer(out_), [self = shared_from_this()](const error_code& ec, std::size_t) {
+      if (self->phase_ != phase::writing) return;
+      if (ec) {
+        self->drop("writing the reply failed: " + ec.message());
+        return;
+      }
+      self->srv_.served.fetch_add(1, std::memory_order_relaxed);
+      self->linger();
+    });
+  }
+
+  // Mooncake's server half-closes and waits for the client's EOF so that its
+  // reply is not lost to a reset; tide does the same, bounded by the timeout.
+  void linger() {
+    phase_ = phase::lingering;
+    error_code ignored;
+    sock_.shutdown(tcp::socket::shutdown_send, ignored);
+    arm_timer();
+    sock_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](const error_code& ec, std::size_t n) {
+      if (self->phase_ != phase::lingering) return;
+      if (!ec && n > 0) {
+        TIDE_LOG_DEBUG("handshake server " << self->srv_.where << ": " << n << " unexpected bytes from "
+                                           << self->peer_ << " after the reply");
+      }
+      self->finish();
+    });
+  }
+
+  void drop(const std::string& reason) {
+    if (phase_ == phase::done) return;
+    srv_.dropped.fetch_add(1, std::memory_order_relaxed);
+    TIDE_LOG_WARN("handshake server " << srv_.where << ": dropped connection from " << peer_ << ": "
+                                      << reason);
+    finish();
+  }
+
+  void finish() {
+    phase_ = phase::done;
+    close();
+  }
+
+  void close() {
+    disarm_timer();
+    error_code ignored;
+    sock_.close(ignored);
+  }
+
+  handshake_server::impl& srv_;
+  tcp::socket sock_;
+  asio::steady_timer timer_;
+  unsigned timer_gen_ = 0;
+  frame_decoder dec_;
+  std::array<char, 4096> buf_{};
+  std::string out_;
+  std::string peer_;
+  std::size_t received_ = 0;
+  phase phase_ = phase::reading;
+  message_type type_ = message_type::connect;
+  bool legacy_ = false;
+};
+
+}  // namespace
+
+void handshake_server::impl::accept_next() {
+  acceptor.async_accept([this](const error_code& ec, tcp::socket sock) {
+    if (closed) return;
+    if (ec) {
+      // EMFILE and friends: back off instead of spinning on the error.
+      TIDE_LOG_WARN("handshake server " << where << ": accept failed: " << ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](const error_code& e) {
+        if (!e && !closed) accept_next();
+      });
+      return;
+    }
+    accepted.fetch_add(1, std::memory_order_relaxed);
+    std::erase_if(conns, [](const std::weak_ptr<connection>& w) { return w.expired(); });
+    if (active.load(std::memory_order_relaxed) >= cfg.max_connections) {
+      dropped.fetch_add(1, std::memory_order_relaxed);
+      TIDE_LOG_WARN("handshake server " << where << ": refusing a connection: " << cfg.max_connections
+                                        << " connections already open");
+      error_code ignored;
+      sock.close(ignored);
+    } else {
+      active.fetch_add(1, std::memory_order_relaxed);
+      auto c = std::make_shared<connection>(*this, std::move(sock));
+      conns.push_back(c);
+      c->start();
+    }
+    accept_next();
+  });
+}
+
+void handshake_server::impl::run_io() noexcept {
+  for (;;) {
+    try {
+      io.run();
+      return;
+    } catch (const std::exception& e) {
+      TIDE_LOG_ERROR("handshake server " << where << ": I/O thread caught: " << e.what());
+    } catch (...) {
+      TIDE_LOG_ERROR("handshake server " << where << ": I/O thread caught an unknown exception");
+    }
+  }
+}
+
+std::optional<std::string> handshake_server::impl::served_segment() {
+  std::optional<std::string> json = handlers.local_segment ? handlers.local_segment() : local_segment(port);
+  if (json && (json->empty() || json->back() != '\n')) json->push_back('\n');
+  return json;
+}
+
+result<std::string> handshake_server::impl::handle(message_type type, const std::string& body) {
+  // Mooncake closes without replying when the body is not JSON.
+  if (auto ok = validate_json(body); !ok) {
+    return fail(errc::protocol_error,
+                "invalid JSON in a " + std::string(to_string(type)) + " request: " + ok.error().detail);
+  }
+  try {
+    switch (type) {
+      case message_type::connect: {
+        auto peer = decode_handshake(body);
+        handshake_desc reply;
+        if (!peer) {
+          reply.reply_msg = "Invalid argument: malformed handshake: " + peer.error().detail;
+        } else if (!handlers.on_connect) {
+          reply.reply_msg = "this server does not accept RDMA connections";
+        } else {
+          try {
+            reply = handlers.on_connect(*peer);
+          } catch (const std::exception& e) {
+            reply = handshake_desc{};
+            reply.reply_msg = std::string("internal error: ") + e.what();
+          }
+        }
+        return encode_handshake(reply);
+      }
+      case message_type::notify: {
+        notify_desc reply;
+        auto msg = decode_notify(body);
+        if (!msg) {
+          TIDE_LOG_WARN("handshake server " << where << ": rejecting a notify: " << msg.error().detail);
+        } else if (handlers.on_notify) {
+          try {
+            handlers.on_notify(*msg);
+            reply.notify_msg = "success";
+          } catch (const std::exception& e) {
+            TIDE_LOG_WARN("handshake server " << where << ": on_notify threw: " << e.what());
+          }
+        }
+        return encode_notify(reply);
+      }
+      case message_type::metadata:
+        return served_segment().value_or(std::string(kNullReply));
+      case message_type::probe:
+        return std::string(kProbeReply);
+    }
+  } catch (const std::exception& e) {
+    return fail(errc::protocol_error, std::string("handler failed: ") + e.what());
+  }
+  return fail(errc::protocol_error, "unknown message type");
+}
+
+// ---------------------------------------------------------------- handshake_server
+
+handshake_server::handshake_server(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
+handshake_server::handshake_server(handshake_server&&) noexcept = default;
+handshake_server& handshake_server::operator=(handshake_server&& other) noexcept {
+  if (this != &other) {
+    stop();
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+handshake_server::~handshake_server() { stop(); }
+
+std::uint16_t handshake_server::port() const noexcept { return impl_ ? impl_->port : 0; }
+
+const std::string& handshake_server::host() const noexcept {
+  static const std::string kNone;
+  return impl_ ? impl_->cfg.host : kNone;
+}
+
+handshake_server_stats handshake_server::stats() const noexcept {
+  if (!impl_) return {};
+  return {impl_->accepted.load(std::memory_order_relaxed), impl_->served.load(std::memory_order_relaxed),
+          impl_->dropped.load(std::memory_order_relaxed)};
+}
+
+void handshake_server::stop() noexcept {
+  if (!impl_ || impl_->stopped.exchange(true)) return;
+  impl* s = impl_.get();
+  try {
+    // 1. On the I/O thread: no more accepts, every connection closed.  Once
+    //    this has run, `closed` keeps the I/O thread from posting new work
+    //    to the pool, so joining the pool below waits only for work already
+    //    posted.
+    std::promise<void> closed_all;
+    asio::post(s->io, [s, &closed_all] {
+      s->closed = true;
+      error_code ignored;
+      s->acceptor.close(ignored);
+      s->accept_retry.cancel();
+      for (auto& w : s->conns) {
+        if (auto c = w.lock()) c->abort();
+      }
+      s->conns.clear();
+      closed_all.set_value();
+    });
+    closed_all.get_future().wait();
+  } catch (const std::exception& e) {
+    TIDE_LOG_ERROR("handshake server " << s->where << ": stop: " << e.what());
+  }
+  // 2. Running callbacks finish; their replies find their connections closed.
+  s->pool.join();
+  // 3. The I/O thread drains the aborted operations and returns.
+  s->work.reset();
+  if (s->io_thread.joinable()) s->io_thread.join();
+}
+
+namespace {
+
+result<tcp::endpoint> bind_endpoint(const std::string& host, std::uint16_t port) {
+  error_code ec;
+  const auto addr = asio::ip::make_address(host, ec);
+  if (ec) return fail(errc::config_invalid, "handshake server host \"" + host + "\" is not an IP address");
+  return tcp::endpoint{addr, port};
+}
+
+// Opens, binds and listens; address_in_use is reported as such so that a
+// range scan can move on.
+error_code try_bind(tcp::acceptor& acc, const tcp::endpoint& ep) {
+  error_code ec;
+  if (acc.is_open()) acc.close(ec);
+  acc.open(ep.protocol(), ec);
+  if (ec) return ec;
+  acc.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (ec) return ec;
+  acc.bind(ep, ec);
+  if (ec) return ec;
+  acc.listen(asio::socket_base::max_listen_connections, ec);
+  return ec;
+}
+
+std::vector<std::uint16_t> shuffled_range(std::uint16_t lo, std::uint16_t hi) {
+  std::vector<std::uint16_t> ports(static_cast<std::size_t>(hi - lo) + 1);
+  std::iota(ports.begin(), ports.end(), lo);
+  std::mt19937 rng{std::random_device{}()};
+  std::shuffle(ports.begin(), ports.end(), rng);
+  return ports;
+}
+
+}  // namespace
+
+result<handshake_server> handshake_server::start(handshake_server_config config, handshake_handlers handlers) {
+  if (config.max_frame == 0) return fail(errc::config_invalid, "handshake server max_frame must be > 0");
+  if (config.receive_timeout.count() <= 0) {
+    return fail(errc::config_invalid, "handshake server receive_timeout must be > 0");
+  }
+  if (config.max_connections == 0) return fail(errc::config_invalid, "handshake server max_connections must be > 0");
+  const bool use_range = config.port == 0 && (config.port_range_min != 0 || config.port_range_max != 0);
+  if (use_range && (config.port_range_min == 0 || config.port_range_min > config.port_range_max)) {
+    return fail(errc::config_invalid, "handshake server port range [" + std::to_string(config.port_range_min) +
+                                          ", " + std::to_string(config.port_range_max) + "] is empty");
+  }
+  auto ep = bind_endpoint(config.host, config.port);
+  if (!ep) return fail(ep.error());
+  try {
+    auto p = std::make_unique<impl>(std::move(config), std::move(handlers));
+    error_code ec;
+    if (use_range) {
+      ec = asio::error::address_in_use;
+      for (const auto port : shuffled_range(p->cfg.port_range_min, p->cfg.port_range_max)) {
+        ep->port(port);
+        ec = try_bind(p->acceptor, *ep);
+        if (ec != asio::error::address_in_use) break;
+      }
+    } else {
+      ec = try_bind(p->acceptor, *ep);
+    }
+    if (ec == asio::error::address_in_use) {
+      return fail(errc::already_exists,
+                  use_range ? "no free port in [" + std::to_string(p->cfg.port_range_min) + ", " +
+                                  std::to_string(p->cfg.port_range_max) + "] on " + p->cfg.host
+                            : "handshake port " + format_peer_address(p->cfg.host, p->cfg.port) + " is in use");
+    }
+    if (ec) {
+      return fail(errc::handshake_failed,
+                  "cannot listen on " + format_peer_address(p->cfg.host, ep->port()) + ": " + ec.message());
+    }
+    p->port = p->acceptor.local_endpoint().port();
+    p->where = format_peer_address(p->cfg.host, p->port);
+    p->accept_next();
+    impl* raw = p.get();
+    p->io_thread = std::thread([raw] { raw->run_io(); });
+    return handshake_server{std::move(p)};
+  } catch (const std::system_error& e) {
+    return fail(errc::handshake_failed, std::string("handshake server: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(errc::out_of_memory, "handshake server");
+  }
+}
+
+result<std::uint16_t> pick_free_port(std::uint16_t lo, std::uint16_t hi) {
+  if (lo == 0 || lo > hi) {
+    return fail(errc::config_invalid, "port range [" + std::to_string(lo) + ", " + std::to_string(hi) + "] is empty");
+  }
+  asio::io_context io{1};
+  tcp::acceptor acc{io};
+  for (const auto port : shuffled_range(lo, hi)) {
+    const error_code ec = try_bind(acc, tcp::endpoint{tcp::v4(), port});
+    if (!ec) {
+      error_code ignored;
+      acc.close(ignored);
+      return port;
+    }
+  }
+  return fail(errc::already_exists, "no free TCP port in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+}  // namespace tide::net

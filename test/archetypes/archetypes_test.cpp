@@ -1,0 +1,94 @@
+// The library's templates instantiated against the archetypes, and the
+// policy-set check on default_policies, derived sets and broken sets.
+
+#include "archetypes.hpp"
+
+#include <tide/policies.hpp>
+#include <tide/rdma/endpoint_store.hpp>
+
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string_view>
+
+namespace arch = tide::archetypes;
+
+static_assert(tide::eviction_policy<arch::eviction>);
+static_assert(tide::shard_hash_policy<arch::shard_hash>);
+static_assert(tide::idle_strategy<arch::idle>);
+static_assert(tide::metadata_backend<arch::metadata>);
+static_assert(tide::store_endpoint<arch::endpoint>);
+static_assert(tide::check_policy_set<arch::policies>());
+static_assert(tide::policy_set<arch::policies>);
+
+// Every non-template member of the store, compiled against the archetypes.
+template class tide::endpoint_store<arch::endpoint, arch::eviction>;
+template class tide::static_shard_count<arch::shard_hash, 3>;
+
+// Policy sets: the defaults, overrides, and sets that must be rejected.
+static_assert(tide::policy_set<tide::default_policies>);
+struct fifo_events : tide::default_policies {
+  using eviction = tide::policy::fifo;
+  using idle = tide::policy::cq_event;
+};
+static_assert(tide::policy_set<fifo_events>);
+struct with_metadata : tide::default_policies {
+  using metadata = arch::metadata;
+};
+static_assert(tide::policy_set<with_metadata>);
+struct no_eviction {
+  using shard_hash = tide::policy::mix_hash;
+  using idle = tide::policy::hybrid;
+};
+static_assert(!tide::policy_set<no_eviction>);
+struct bad_eviction : tide::default_policies {
+  using eviction = int;
+};
+static_assert(!tide::policy_set<bad_eviction>);
+struct bad_hash : tide::default_policies {
+  using shard_hash = tide::policy::sieve;
+};
+static_assert(!tide::policy_set<bad_hash>);
+struct bad_idle : tide::default_policies {
+  using idle = tide::policy::mix_hash;
+};
+static_assert(!tide::policy_set<bad_idle>);
+struct bad_metadata : tide::default_policies {
+  using metadata = tide::policy::lru;
+};
+static_assert(!tide::policy_set<bad_metadata>);
+
+TEST_CASE("endpoint_store over the archetypes") {
+  using store = tide::endpoint_store<arch::endpoint, arch::eviction>;
+  auto s = store::create(2);
+  REQUIRE(s.has_value());
+  auto make = [](std::string_view) -> tide::result<std::unique_ptr<arch::endpoint>> {
+    return std::make_unique<arch::endpoint>();
+  };
+  auto a = (*s)->get_or_insert("a@x", make);
+  REQUIRE(a.has_value());
+  (*a)->outstanding_ = 1;
+  arch::endpoint* a_raw = a->get();
+  a->reset();
+  REQUIRE((*s)->insert("b@x", make).has_value());
+  REQUIRE((*s)->insert("c@x", make).has_value());  // evicts a (FIFO archetype)
+  CHECK(a_raw->evicted_);
+  CHECK((*s)->draining() == 1);
+  CHECK((*s)->reclaim() == 0);
+  a_raw->outstanding_ = 0;
+  CHECK((*s)->reclaim() == 1);
+  CHECK((*s)->find("b@x"));
+  CHECK((*s)->erase("b@x").has_value());
+  CHECK((*s)->size() == 1);
+}
+
+TEST_CASE("the idle and metadata archetypes run") {
+  auto i = arch::idle::create({});
+  REQUIRE(i.has_value());
+  i->on_empty([]() noexcept { return false; });
+  i->wake();
+  arch::metadata m(tide::metadata_config{});
+  CHECK(m.put_segment("s", "{}").has_value());
+  CHECK(m.get_segment("s").value() == "{}");
+  CHECK(m.get_segment("t").error().code == tide::errc::segment_not_found);
+}

@@ -1,0 +1,558 @@
+// transfer_engine against real (Soft-RoCE) devices: same-process and
+// two-process WRITE/READ byte-checked, bad input, concurrency, striping,
+// endpoint eviction, a killed peer, notifications, open/close cycles.
+//
+// Devices: $TIDE_TEST_DEVICES or $RXE_VM_DEVICES ("rxe0 rxe1"), else the
+// first two devices (the same one twice when there is only one).
+// The binary doubles as the peer process: `rxe_engine --peer <device>`.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <tide/engine.hpp>
+#include <tide/verbs/device.hpp>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using tide::transfer_op;
+using tide::transfer_request;
+using tide::transfer_state;
+
+std::vector<std::string> devices_under_test() {
+  std::string env;
+  if (const char* e = std::getenv("TIDE_TEST_DEVICES")) env = e;
+  else if (const char* e2 = std::getenv("RXE_VM_DEVICES")) env = e2;
+  std::vector<std::string> out;
+  std::istringstream in(env);
+  for (std::string d; in >> d;) out.push_back(d);
+  if (out.empty()) {
+    auto list = tide::verbs::device_list::get();
+    if (list) out = list->names();
+  }
+  if (out.size() == 1) out.push_back(out[0]);
+  return out;
+}
+
+tide::engine_config config_for(std::vector<std::string> devices) {
+  tide::engine_config c;
+  c.local_server_name = "127.0.0.1";
+  c.devices = std::move(devices);
+  c.workers_per_context = 1;
+  c.transfer_timeout = 60s;
+  return c;
+}
+
+template <class P = tide::default_policies>
+std::unique_ptr<tide::transfer_engine<P>> make_engine(std::vector<std::string> devices,
+                                                      tide::engine_config c = {}) {
+  if (c.devices.empty()) c = config_for(std::move(devices));
+  auto e = tide::transfer_engine<P>::create(c);
+  if (!e) FAIL("transfer_engine::create: " << e.error().message());
+  return std::move(*e);
+}
+
+// Page-aligned memory.
+struct buffer {
+  explicit buffer(std::size_t n) : size(n), data(static_cast<unsigned char*>(std::aligned_alloc(4096, round(n)))) {
+    std::memset(data, 0, n);
+  }
+  ~buffer() { std::free(data); }
+  buffer(const buffer&) = delete;
+  static std::size_t round(std::size_t n) { return (n + 4095) / 4096 * 4096; }
+  std::size_t size;
+  unsigned char* data;
+};
+
+void fill(unsigned char* p, std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const std::uint64_t v = g();
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<unsigned char>(g());
+}
+
+bool same(const unsigned char* a, const unsigned char* b, std::size_t n) { return std::memcmp(a, b, n) == 0; }
+
+// Log-uniform sizes 1 B .. max.
+std::size_t random_size(std::mt19937_64& g, std::size_t max) {
+  std::uniform_real_distribution<double> d(0.0, std::log2(static_cast<double>(max)));
+  return std::max<std::size_t>(1, static_cast<std::size_t>(std::exp2(d(g))));
+}
+
+template <class Engine>
+tide::status run_one(Engine& e, transfer_request r, std::chrono::milliseconds timeout = 60s) {
+  auto b = e.allocate_batch(1);
+  if (!b) return tide::fail(b.error());
+  if (auto s = e.submit(*b, {&r, 1}); !s) {
+    (void)e.free_batch(*b);
+    return s;
+  }
+  auto w = e.wait(*b, timeout);
+  auto st = e.status_of(*b, 0);
+  (void)e.free_batch(*b);
+  if (!w) return w;
+  if (!st) return tide::fail(st.error());
+  if (st->state != transfer_state::completed)
+    return tide::fail(st->reason, std::string("task ended ") + std::string(tide::to_string(st->state)));
+  if (st->transferred_bytes != r.length) return tide::fail(tide::errc::completion_error, "byte count");
+  return {};
+}
+
+// WRITE and READ between `a` and the peer segment whose memory is `peer_mem`
+// (visible here: same process), random sizes and offsets; every byte checked.
+template <class EA, class EB>
+void write_read_roundtrips(EA& a, EB& b, int iterations, std::size_t max_size, std::uint64_t seed) {
+  const std::size_t n = max_size + 8192;
+  buffer la(n), lb(n);
+  REQUIRE(a.register_memory(la.data, n, "cpu:0"));
+  REQUIRE(b.register_memory(lb.data, n, "*"));
+  auto seg = a.open_segment(b.segment_name());
+  REQUIRE_MESSAGE(seg, (seg ? "" : seg.error().message()));
+  std::mt19937_64 g(seed);
+  std::uint64_t checked = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const std::size_t len = it == 0 ? max_size : random_size(g, max_size);
+    const std::size_t so = g() % (n - len + 1);
+    const std::size_t doff = g() % (n - len + 1);
+    // WRITE: la[so..] -> lb[doff..], address form.
+    fill(la.data + so, len, g());
+    auto w = transfer_request::at_address(transfer_op::write, la.data + so, *seg,
+                                          reinterpret_cast<std::uint64_t>(lb.data) + doff, len);
+    auto s = run_one(a, w);
+    REQUIRE_MESSAGE(s, "WRITE " << len << " B: " << (s ? "" : s.error().message()));
+    REQUIRE_MESSAGE(same(la.data + so, lb.data + doff, len), "WRITE of " << len << " bytes differs");
+    // READ: lb[doff2..] -> la[so2..], bounds-checked form (buffer 0).
+    const std::size_t so2 = g() % (n - len + 1);
+    const std::size_t doff2 = g() % (n - len + 1);
+    fill(lb.data + doff2, len, g());
+    auto r = transfer_request::in_buffer(transfer_op::read, la.data + so2, *seg, 0, doff2, len);
+    s = run_one(a, r);
+    REQUIRE_MESSAGE(s, "READ " << len << " B: " << (s ? "" : s.error().message()));
+    REQUIRE_MESSAGE(same(la.data + so2, lb.data + doff2, len), "READ of " << len << " bytes differs");
+    checked += 2 * len;
+  }
+  MESSAGE("checked " << checked << " bytes in " << 2 * iterations << " transfers");
+  REQUIRE(a.close_segment(*seg));
+  REQUIRE(a.unregister_memory(la.data));
+  REQUIRE(b.unregister_memory(lb.data));
+}
+
+// The peer process: prints its segment name, then answers "CHECK off len seed"
+// (is its memory at off the pattern of seed?) and "FILL off len seed" lines.
+int peer_main(const std::string& device) {
+  auto e = tide::transfer_engine<>::create(config_for({device}));
+  if (!e) {
+    std::printf("ERROR %s\n", e.error().message().c_str());
+    return 1;
+  }
+  constexpr std::size_t kSize = 40u << 20;
+  buffer mem(kSize);
+  if (auto r = (*e)->register_memory(mem.data, kSize, "cpu:0"); !r) {
+    std::printf("ERROR %s\n", r.error().message().c_str());
+    return 1;
+  }
+  std::printf("SEGMENT %s %llu\n", (*e)->segment_name().c_str(), static_cast<unsigned long long>(
+                                                                     reinterpret_cast<std::uintptr_t>(mem.data)));
+  std::fflush(stdout);
+  char line[256];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+    char cmd[16];
+    unsigned long long off = 0, len = 0, seed = 0;
+    if (std::sscanf(line, "%15s %llu %llu %llu", cmd, &off, &len, &seed) < 1) continue;
+    if (std::strcmp(cmd, "EXIT") == 0) break;
+    std::vector<unsigned char> want(len);
+    fill(want.data(), len, seed);
+    if (std::strcmp(cmd, "FILL") == 0) {
+      std::memcpy(mem.data + off, want.data(), len);
+      std::printf("OK\n");
+    } else {
+      std::printf(std::memcmp(mem.data + off, want.data(), len) == 0 ? "OK\n" : "BAD\n");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// A child process running peer_main, talked to over pipes.
+struct peer_process {
+  pid_t pid = -1;
+  FILE* to = nullptr;
+  FILE* from = nullptr;
+  std::string segment;
+  std::uint64_t base = 0;
+
+  explicit peer_process(const std::string& device) {
+    int in[2], out[2];
+    REQUIRE(::pipe(in) == 0);
+    REQUIRE(::pipe(out) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    std::string self = "/proc/self/exe";
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) self.assign(exe, static_cast<std::size_t>(n));
+    std::vector<char*> argv{self.data(), const_cast<char*>("--peer"), const_cast<char*>(device.c_str()), nullptr};
+    REQUIRE(posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to = ::fdopen(in[1], "w");
+    from = ::fdopen(out[0], "r");
+    char line[512];
+    REQUIRE(std::fgets(line, sizeof line, from) != nullptr);
+    char name[256];
+    unsigned long long base_addr = 0;
+    REQUIRE_MESSAGE(std::sscanf(line, "SEGMENT %255s %llu", name, &base_addr) == 2, "peer said: " << line);
+    segment = name;
+    base = base_addr;
+  }
+  bool ask(const char* cmd, std::size_t off, std::size_t len, std::uint64_t seed) {
+    std::fprintf(to, "%s %zu %zu %llu\n", cmd, off, len, static_cast<unsigned long long>(seed));
+    std::fflush(to);
+    char line[64];
+    return std::fgets(line, sizeof line, from) != nullptr && std::strncmp(line, "OK", 2) == 0;
+  }
+  void kill() {
+    if (pid > 0) ::kill(pid, SIGKILL);
+  }
+  ~peer_process() {
+    if (to != nullptr) {
+      std::fprintf(to, "EXIT\n");
+      std::fclose(to);
+    }
+    if (from != nullptr) std::fclose(from);
+    if (pid > 0) {
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+  }
+};
+
+// A policy set per shipped policy (with default_policies: every eviction,
+// shard hash and idle strategy, and the p2p and in_process metadata).
+struct fifo_cq_event : tide::default_policies {
+  using eviction = tide::policy::fifo;
+  using shard_hash = tide::policy::mooncake_hash;
+  using idle = tide::policy::cq_event;
+};
+struct lru_busy_poll : tide::default_policies {
+  using eviction = tide::policy::lru;
+  using shard_hash = tide::policy::peer_path_hash;
+  using idle = tide::policy::busy_poll;
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("same-process pair: WRITE and READ, 1 B .. 32 MiB, unaligned, every byte checked", P,
+                   tide::default_policies, fifo_cq_event, lru_busy_poll) {
+  const auto devs = devices_under_test();
+  auto a = make_engine<P>({devs[0]});
+  auto b = make_engine<P>({devs[1]});
+  const bool big = std::is_same_v<P, tide::default_policies>;
+  write_read_roundtrips(*a, *b, big ? 12 : 6, big ? (32u << 20) : (4u << 20), 42);
+}
+
+TEST_CASE("bad input: a specific errc each") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  auto b = make_engine({devs[1]});
+  buffer la(1 << 20), lb(1 << 20), unreg(4096);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const auto remote = reinterpret_cast<std::uint64_t>(lb.data);
+  auto batch = a->allocate_batch(2).value();
+  auto code = [&](transfer_request r) {
+    auto s = a->submit(batch, {&r, 1});
+    return s ? tide::errc::ok : s.error().code;
+  };
+  CHECK(code(transfer_request::at_address(transfer_op::write, unreg.data, seg, remote, 64)) ==
+        tide::errc::unregistered_source);
+  CHECK(code(transfer_request::at_address(transfer_op::write, la.data + la.size - 8, seg, remote, 64)) ==
+        tide::errc::unregistered_source);
+  CHECK(code(transfer_request::at_address(transfer_op::write, la.data, seg, remote + lb.size - 8, 64)) ==
+        tide::errc::out_of_bounds);
+  CHECK(code(transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, lb.size - 8, 64)) ==
+        tide::errc::out_of_bounds);
+  CHECK(code(transfer_request::in_buffer(transfer_op::write, la.data, seg, 7, 0, 64)) == tide::errc::out_of_bounds);
+  CHECK(code(transfer_request::at_address(transfer_op::write, la.data, 9999, remote, 64)) ==
+        tide::errc::unknown_segment);
+  CHECK(code(transfer_request::at_address(transfer_op::write, la.data, seg, remote, 0)) == tide::errc::zero_length);
+  std::vector<transfer_request> three(3, transfer_request::at_address(transfer_op::write, la.data, seg, remote, 64));
+  auto s = a->submit(batch, three);
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::batch_full);
+  // Nothing was submitted by the failures above: the batch is still empty and free-able.
+  auto bs = a->batch_status(batch).value();
+  CHECK(bs.state == transfer_state::waiting);
+  // A busy batch cannot be freed: a 16 MiB write takes long enough under rxe... when it is still running.
+  buffer big_l(16u << 20), big_r(16u << 20);
+  REQUIRE(a->register_memory(big_l.data, big_l.size));
+  REQUIRE(b->register_memory(big_r.data, big_r.size));
+  auto seg2 = a->open_segment(b->segment_name()).value();
+  auto big_req = transfer_request::at_address(transfer_op::write, big_l.data, seg2,
+                                              reinterpret_cast<std::uint64_t>(big_r.data), big_r.size);
+  REQUIRE(a->submit(batch, {&big_req, 1}));
+  auto f = a->free_batch(batch);
+  if (!f) CHECK(f.error().code == tide::errc::batch_busy);
+  else MESSAGE("the 16 MiB write finished before free_batch: batch_busy not observed this time");
+  if (!f) {
+    REQUIRE(a->wait(batch, 60s));
+    REQUIRE(a->free_batch(batch));
+  }
+  CHECK(a->free_batch(batch).error().code == tide::errc::unknown_batch);
+  auto reg_bad = a->register_memory(unreg.data, 4096, "gpu:0");
+  REQUIRE_FALSE(reg_bad);
+  CHECK(reg_bad.error().code == tide::errc::bad_location);
+  CHECK(a->register_memory(la.data + 4096, 4096).error().code == tide::errc::already_registered);
+  CHECK(a->register_memory(unreg.data, 0).error().code == tide::errc::zero_length);
+  CHECK(a->unregister_memory(unreg.data).error().code == tide::errc::not_registered);
+  CHECK(a->open_segment("127.0.0.1:1").error().group() == tide::errc_group::metadata);
+  CHECK(a->close_segment(12345).error().code == tide::errc::unknown_segment);
+}
+
+TEST_CASE("several threads submit batches at once; notifications both ways") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  auto b = make_engine({devs[1]});
+  constexpr std::size_t kPer = 1 << 20;
+  constexpr int kThreads = 4;
+  buffer la(kPer * kThreads), lb(kPer * kThreads);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  fill(la.data, la.size, 7);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int round = 0; round < 4; ++round) {
+        // 8 requests of 128 KiB per batch, each thread in its own quarter.
+        std::vector<transfer_request> reqs;
+        for (std::size_t k = 0; k < 8; ++k) {
+          const std::size_t off = t * kPer + k * (kPer / 8);
+          reqs.push_back(transfer_request::at_address(transfer_op::write, la.data + off, seg,
+                                                      reinterpret_cast<std::uint64_t>(lb.data) + off, kPer / 8));
+        }
+        auto batch = a->allocate_batch(reqs.size());
+        if (!batch || !a->submit(*batch, reqs) || !a->wait(*batch, 60s)) {
+          ++failures;
+          continue;
+        }
+        auto st = a->batch_status(*batch);
+        if (!st || st->state != transfer_state::completed || st->transferred_bytes != kPer) ++failures;
+        if (!a->free_batch(*batch)) ++failures;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(failures.load() == 0);
+  CHECK(same(la.data, lb.data, la.size));
+
+  REQUIRE(a->send_notify(seg, "hello from a"));
+  auto n = b->take_notifies();
+  REQUIRE(n.size() == 1);
+  CHECK(n[0].notify_msg == "hello from a");
+  CHECK(n[0].name == a->segment_name());
+}
+
+TEST_CASE("an engine with both devices stripes slices over both") {
+  const auto devs = devices_under_test();
+  if (devs[0] == devs[1]) {
+    MESSAGE("one device only: striping not testable here");
+    return;
+  }
+  auto a = make_engine({devs[0], devs[1]});
+  auto b = make_engine({devs[0], devs[1]});
+  REQUIRE(a->transport().context_count() == 2);
+  buffer la(8u << 20), lb(8u << 20);
+  REQUIRE(a->register_memory(la.data, la.size, "cpu:0"));
+  REQUIRE(b->register_memory(lb.data, lb.size, "cpu:0"));
+  fill(la.data, la.size, 3);
+  auto seg = a->open_segment(b->segment_name()).value();
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg,
+                                                   reinterpret_cast<std::uint64_t>(lb.data), la.size)));
+  CHECK(same(la.data, lb.data, la.size));
+  const auto s0 = a->transport().context(0).stats();
+  const auto s1 = a->transport().context(1).stats();
+  MESSAGE(devs[0] << ": " << s0.slices_posted << " slices, " << devs[1] << ": " << s1.slices_posted << " slices");
+  CHECK(s0.slices_posted > 0);
+  CHECK(s1.slices_posted > 0);
+  CHECK(s0.slices_posted + s1.slices_posted == la.size / 65536);
+}
+
+TEST_CASE("endpoint capacity 2 with four peers in flight: no failure, evicted endpoints drained") {
+  const auto devs = devices_under_test();
+  auto cfg = config_for({devs[0]});
+  cfg.endpoint_capacity = 2;
+  auto a = make_engine({}, cfg);
+  constexpr int kPeers = 4;
+  constexpr std::size_t kSize = 2u << 20;
+  std::vector<std::unique_ptr<tide::transfer_engine<>>> peers;
+  std::vector<std::unique_ptr<buffer>> mems;
+  buffer la(kSize * kPeers);
+  fill(la.data, la.size, 11);
+  REQUIRE(a->register_memory(la.data, la.size));
+  std::vector<tide::segment_id> segs;
+  for (int i = 0; i < kPeers; ++i) {
+    peers.push_back(make_engine({devs[1]}));
+    mems.push_back(std::make_unique<buffer>(kSize));
+    REQUIRE(peers.back()->register_memory(mems.back()->data, kSize));
+    segs.push_back(a->open_segment(peers.back()->segment_name()).value());
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::vector<transfer_request> reqs;
+    for (int i = 0; i < kPeers; ++i)
+      reqs.push_back(transfer_request::at_address(transfer_op::write, la.data + i * kSize, segs[i],
+                                                  reinterpret_cast<std::uint64_t>(mems[i]->data), kSize));
+    auto batch = a->allocate_batch(reqs.size()).value();
+    REQUIRE(a->submit(batch, reqs));
+    REQUIRE(a->wait(batch, 120s));
+    auto st = a->batch_status(batch).value();
+    CHECK(st.state == transfer_state::completed);
+    REQUIRE(a->free_batch(batch));
+  }
+  for (int i = 0; i < kPeers; ++i) CHECK(same(la.data + i * kSize, mems[i]->data, kSize));
+  auto& ctx = a->transport().context(0);
+  CHECK(ctx.live_endpoints() <= 2);
+  const auto stats = ctx.stats();
+  MESSAGE("endpoints created " << stats.endpoints_created << ", live " << stats.endpoints_live << ", draining "
+                               << stats.endpoints_draining);
+  CHECK(stats.endpoints_created > 2);
+  for (int i = 0; i < 50 && ctx.draining_endpoints() != 0; ++i) std::this_thread::sleep_for(100ms);
+  CHECK(ctx.draining_endpoints() == 0);
+}
+
+TEST_CASE("two processes: WRITE and READ across rxe0/rxe1, checked in the peer") {
+  const auto devs = devices_under_test();
+  peer_process peer(devs[1]);
+  auto a = make_engine({devs[0]});
+  constexpr std::size_t kSize = 40u << 20;
+  buffer la(kSize);
+  REQUIRE(a->register_memory(la.data, kSize, "cpu:0"));
+  auto seg = a->open_segment(peer.segment);
+  REQUIRE_MESSAGE(seg, (seg ? "" : seg.error().message()));
+  std::mt19937_64 g(5);
+  std::uint64_t checked = 0;
+  for (int it = 0; it < 8; ++it) {
+    const std::size_t len = it == 0 ? (32u << 20) : random_size(g, 8u << 20);
+    const std::size_t so = g() % (kSize - len + 1), po = g() % (kSize - len + 1);
+    const std::uint64_t seed = g();
+    fill(la.data + so, len, seed);
+    REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data + so, *seg, peer.base + po, len)));
+    CHECK_MESSAGE(peer.ask("CHECK", po, len, seed), "WRITE of " << len << " B not seen by the peer");
+    const std::uint64_t seed2 = g();
+    REQUIRE(peer.ask("FILL", po, len, seed2));
+    REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::read, la.data + so, *seg, 0, po, len)));
+    std::vector<unsigned char> want(len);
+    fill(want.data(), len, seed2);
+    CHECK_MESSAGE(same(la.data + so, want.data(), len), "READ of " << len << " B differs");
+    checked += 2 * len;
+  }
+  MESSAGE("checked " << checked << " bytes across processes");
+}
+
+TEST_CASE("the peer process killed mid-batch: tasks end FAILED within the timeout, no hang") {
+  const auto devs = devices_under_test();
+  peer_process peer(devs[1]);
+  auto cfg = config_for({devs[0]});
+  cfg.transfer_timeout = 40s;
+  auto a = make_engine({}, cfg);
+  constexpr std::size_t kSize = 32u << 20;
+  buffer la(kSize);
+  REQUIRE(a->register_memory(la.data, kSize));
+  auto seg = a->open_segment(peer.segment).value();
+  std::vector<transfer_request> reqs;
+  for (int i = 0; i < 8; ++i)
+    reqs.push_back(transfer_request::at_address(transfer_op::write, la.data + i * (kSize / 8), seg,
+                                                peer.base + i * (kSize / 8), kSize / 8));
+  auto batch = a->allocate_batch(reqs.size()).value();
+  REQUIRE(a->submit(batch, reqs));
+  std::this_thread::sleep_for(50ms);
+  peer.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = a->wait(batch, 60s);
+  const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto st = a->batch_status(batch).value();
+  MESSAGE("after the kill: batch " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << ") in "
+                                   << secs << " s, " << st.transferred_bytes << " bytes moved");
+  CHECK(tide::is_final(st.state));
+  CHECK(st.state != transfer_state::completed);
+  (void)w;
+  REQUIRE(a->free_batch(batch));
+}
+
+TEST_CASE("open/close and register/unregister cycles leave no QP, MR or endpoint behind") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  auto b = make_engine({devs[1]});
+  buffer la(64 << 10), lb(64 << 10);
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  int cycles = 10000;
+  if (const char* c = std::getenv("TIDE_TEST_CYCLES")) cycles = std::atoi(c);
+  for (int i = 0; i < cycles; ++i) {
+    REQUIRE(a->register_memory(la.data, la.size));
+    auto seg = a->open_segment(b->segment_name());
+    REQUIRE(seg);
+    if (i % 1000 == 0)
+      REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, *seg,
+                                                       reinterpret_cast<std::uint64_t>(lb.data), 4096)));
+    REQUIRE(a->close_segment(*seg));
+    REQUIRE(a->unregister_memory(la.data));
+  }
+  auto& ctx = a->transport().context(0);
+  for (int i = 0; i < 50 && ctx.draining_endpoints() != 0; ++i) std::this_thread::sleep_for(100ms);
+  CHECK(a->transport().registered_buffers() == 0);
+  CHECK(ctx.live_endpoints() == 0);
+  CHECK(ctx.draining_endpoints() == 0);
+  // Count from the kernel: `rdma resource show qp` lists the QPs of this process.
+  const std::string cmd = "rdma resource show qp 2>/dev/null | grep -c 'pid " + std::to_string(::getpid()) + " '";
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    int n = -1;
+    if (std::fscanf(p, "%d", &n) != 1) n = -1;
+    ::pclose(p);
+    const std::string mr_cmd = "rdma resource show mr 2>/dev/null | grep -c 'pid " + std::to_string(::getpid()) + " '";
+    int m = -1;
+    if (FILE* q = ::popen(mr_cmd.c_str(), "r")) {
+      if (std::fscanf(q, "%d", &m) != 1) m = -1;
+      ::pclose(q);
+    }
+    MESSAGE(cycles << " cycles; kernel counts for this process: " << n << " QPs, " << m << " MRs (b's endpoint and buffer remain)");
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--peer") return peer_main(argv[2]);
+  const auto list = tide::verbs::device_list::get();
+  if (!list || list->empty()) {
+    std::printf("no RDMA device on this host: skipped (exit 77)\n");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
