@@ -181,7 +181,8 @@ int run_initiator(const bench_options& o) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (std::uint32_t t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
-  const auto deadline = start + std::chrono::duration<double>(o.duration_s);
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(o.duration_s));
   std::uint64_t last_bytes = 0;
   auto last = start;
   while (std::chrono::steady_clock::now() < deadline && fatal.load() == 0) {
