@@ -19,6 +19,7 @@
 #include <iostream>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace tide::bench {
@@ -132,55 +133,72 @@ int run_initiator(const bench_options& o) {
   std::mutex lat_mu;
   std::vector<double> latencies;
 
+  // One batch: allocate, submit, wait, free.  Returns its latency, or nothing after a failure
+  // (reported, and `fatal` set).
+  auto one_batch = [&](const std::vector<transfer_request>& reqs) -> std::optional<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto b = engine.allocate_batch(o.batch_size);
+    if (!b) {
+      std::cerr << "tide-bench: allocate_batch: " << b.error().message() << "\n";
+      fatal = 1;
+      return std::nullopt;
+    }
+    if (auto s = engine.submit(*b, reqs); !s) {
+      std::cerr << "tide-bench: submit: " << s.error().message() << "\n";
+      fatal = 1;
+      (void)engine.free_batch(*b);
+      return std::nullopt;
+    }
+    auto w = engine.wait(*b, std::chrono::seconds(60));
+    auto st = engine.batch_status(*b);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!w || !st || st->state != transfer_state::completed) {
+      std::cerr << "tide-bench: batch did not complete: "
+                << (!w ? w.error().message()
+                       : st ? std::string(to_string(st->state)) + " " + std::string(to_string(st->reason))
+                            : st.error().message())
+                << "\n";
+      failed += o.batch_size;
+      (void)engine.cancel(*b);
+      (void)engine.wait(*b, std::chrono::seconds(60));
+      (void)engine.free_batch(*b);
+      fatal = 1;
+      return std::nullopt;
+    }
+    (void)engine.free_batch(*b);
+    return std::chrono::duration<double, std::micro>(t1 - t0).count();
+  };
+
+  std::atomic<std::uint32_t> warmed_up{0};
+  std::atomic<bool> go{false};
   auto worker = [&](std::uint32_t t) {
     std::vector<transfer_request> reqs(o.batch_size);
     for (std::uint32_t i = 0; i < o.batch_size; ++i) {
       const std::size_t off = t * per_thread + static_cast<std::size_t>(i) * o.block_size;
       reqs[i] = transfer_request::at_address(op, buf.data() + off, *seg, remote.addr + off, o.block_size);
     }
+    // An untimed first batch: it pays for the lazy connection handshakes, which are not throughput.
+    const bool warm = one_batch(reqs).has_value();
+    warmed_up.fetch_add(1);
+    while (warm && !go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::vector<double> mine;
-    while (!stop.load(std::memory_order_relaxed)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto b = engine.allocate_batch(o.batch_size);
-      if (!b) {
-        std::cerr << "tide-bench: allocate_batch: " << b.error().message() << "\n";
-        fatal = 1;
-        break;
-      }
-      if (auto s = engine.submit(*b, reqs); !s) {
-        std::cerr << "tide-bench: submit: " << s.error().message() << "\n";
-        fatal = 1;
-        (void)engine.free_batch(*b);
-        break;
-      }
-      auto w = engine.wait(*b, std::chrono::seconds(60));
-      auto st = engine.batch_status(*b);
-      const auto t1 = std::chrono::steady_clock::now();
-      if (!w || !st || st->state != transfer_state::completed) {
-        std::cerr << "tide-bench: batch did not complete: "
-                  << (!w ? w.error().message() : st ? std::string(to_string(st->state)) + " " + std::string(to_string(st->reason))
-                                                    : st.error().message())
-                  << "\n";
-        failed += o.batch_size;
-        (void)engine.cancel(*b);
-        (void)engine.wait(*b, std::chrono::seconds(60));
-        (void)engine.free_batch(*b);
-        fatal = 1;
-        break;
-      }
-      (void)engine.free_batch(*b);
+    while (warm && !stop.load(std::memory_order_relaxed)) {
+      auto latency = one_batch(reqs);
+      if (!latency) break;
       bytes += per_thread;
       requests += o.batch_size;
-      mine.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      mine.push_back(*latency);
     }
     std::lock_guard lock(lat_mu);
     latencies.insert(latencies.end(), mine.begin(), mine.end());
   };
 
-  const double cpu0 = process_cpu_seconds();
-  const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (std::uint32_t t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
+  while (warmed_up.load() < o.threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double cpu0 = process_cpu_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  go = true;
   const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                            std::chrono::duration<double>(o.duration_s));
   std::uint64_t last_bytes = 0;
