@@ -1,4 +1,4 @@
-# tools/common.sh — sourced by tools/run-tests and tools/run-demo.
+# tools/common.sh — sourced by tools/run-tests and tools/run-bench.
 # Installs what building tide needs (Debian 12, only what is missing) and
 # configures the build directory.
 

@@ -1,0 +1,35 @@
+// The default policy set with each metadata backend, and Mooncake's combination.
+#include "policy_sets.hpp"
+#include "runner.hpp"
+
+#include <tide/policy/etcd.hpp>
+#include <tide/policy/http.hpp>
+
+namespace tide::bench {
+namespace {
+
+/// Mooncake's choices: its SIEVE variant, its shard formula, its spin-then-sleep workers.
+struct mooncake_policies : default_policies {
+  using eviction = policy::mooncake_sieve;
+  using shard_hash = policy::mooncake_hash;
+  using idle = policy::hybrid;
+};
+
+}  // namespace
+
+void add_default_sets(std::vector<policy_entry>& out) {
+  out.push_back({"default", "sieve / mix_hash / hybrid", &run<default_policies>,
+                 &run<with_metadata<default_policies, policy::etcd>>,
+                 &run<with_metadata<default_policies, policy::http>>});
+  out.push_back({"mooncake", "mooncake_sieve / mooncake_hash / hybrid", &run<mooncake_policies>, nullptr, nullptr});
+}
+
+std::vector<policy_entry> policy_registry() {
+  std::vector<policy_entry> out;
+  add_default_sets(out);
+  add_eviction_sets(out);
+  add_idle_and_hash_sets(out);
+  return out;
+}
+
+}  // namespace tide::bench

@@ -1,0 +1,40 @@
+#pragma once
+/// What one tide-bench run measured, and how it is printed.
+
+#include "options.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tide::bench {
+
+/// user + system CPU seconds of this process so far (getrusage).
+[[nodiscard]] double process_cpu_seconds() noexcept;
+
+struct run_figures {
+  std::uint64_t bytes = 0;        ///< completed payload bytes
+  std::uint64_t requests = 0;     ///< completed requests (blocks)
+  std::uint64_t failed_requests = 0;
+  double seconds = 0;             ///< wall time of the measured window
+  double cpu_seconds = 0;         ///< process CPU time in the window (all threads)
+  std::vector<double> batch_latency_us;  ///< one entry per completed batch
+};
+
+struct summary {
+  double throughput = 0;          ///< in options.unit per second
+  double requests_per_s = 0;
+  double p50_us = 0, p99_us = 0, p999_us = 0;
+  double cpu_s_per_gb = 0;        ///< CPU seconds per 1e9 bytes moved
+};
+
+/// The p-th percentile (0..100) by nearest rank; 0 for an empty set.  Sorts `v`.
+[[nodiscard]] double percentile(std::vector<double>& v, double p);
+[[nodiscard]] summary summarize(run_figures f, const bench_options& o);
+
+/// One human-readable block, as transfer_engine_bench prints it plus latency and CPU.
+[[nodiscard]] std::string format_report(const summary& s, const run_figures& f, const bench_options& o);
+/// The same as a JSON object (keys: throughput, unit, requests_per_s, p50_us, ...).
+[[nodiscard]] std::string format_json(const summary& s, const run_figures& f, const bench_options& o);
+
+}  // namespace tide::bench

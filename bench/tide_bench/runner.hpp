@@ -1,0 +1,249 @@
+#pragma once
+/// The benchmark loop, a template over the policy set, as Mooncake's
+/// transfer_engine_bench drives its engine: each thread allocates a batch,
+/// submits batch_size requests of block_size bytes, waits for the batch,
+/// frees it, and again until the duration is up.
+
+#include "options.hpp"
+#include "report.hpp"
+
+#include <tide/engine.hpp>
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace tide::bench {
+
+/// A policy set with its metadata backend replaced (tide-bench picks the
+/// backend from --metadata_server at run time).
+template <class P, class M>
+struct with_metadata : P {
+  using metadata = M;
+};
+
+/// Page-aligned anonymous memory, released on scope exit.
+class bench_buffer {
+ public:
+  explicit bench_buffer(std::size_t len) : len_(len) {
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  }
+  bench_buffer(const bench_buffer&) = delete;
+  bench_buffer& operator=(const bench_buffer&) = delete;
+  ~bench_buffer() {
+    if (data_ != nullptr) ::munmap(data_, len_);
+  }
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return len_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t len_ = 0;
+};
+
+inline engine_config bench_engine_config(const bench_options& o) {
+  engine_config cfg;
+  cfg.local_server_name = o.local_server_name;
+  cfg.metadata = o.metadata_server;
+  cfg.devices = o.device_names;
+  return cfg;
+}
+
+/// Target: registers a buffer, prints "segment: <name>", serves until SIGINT/SIGTERM.
+template <class P>
+int run_target(const bench_options& o) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  // Blocked before any engine thread starts, so only sigwait below sees them.
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto engine = transfer_engine<P>::create(bench_engine_config(o));
+  if (!engine) {
+    std::cerr << "tide-bench: engine: " << engine.error().message() << "\n";
+    return 1;
+  }
+  bench_buffer buf(o.buffer_size);
+  if (buf.data() == nullptr) {
+    std::cerr << "tide-bench: cannot allocate " << o.buffer_size << " bytes\n";
+    return 1;
+  }
+  for (std::size_t i = 0; i < buf.size(); i += 4096) buf.data()[i] = static_cast<std::byte>(i >> 12);
+  if (auto r = (*engine)->register_memory(buf.data(), buf.size(), "*"); !r) {
+    std::cerr << "tide-bench: register_memory: " << r.error().message() << "\n";
+    return 1;
+  }
+  std::cout << "segment: " << (*engine)->segment_name() << std::endl;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  return 0;
+}
+
+/// Initiator: opens the target's segment and drives transfers for the duration.
+template <class P>
+int run_initiator(const bench_options& o) {
+  auto engine_r = transfer_engine<P>::create(bench_engine_config(o));
+  if (!engine_r) {
+    std::cerr << "tide-bench: engine: " << engine_r.error().message() << "\n";
+    return 1;
+  }
+  auto& engine = **engine_r;
+  bench_buffer buf(o.buffer_size);
+  if (buf.data() == nullptr) {
+    std::cerr << "tide-bench: cannot allocate " << o.buffer_size << " bytes\n";
+    return 1;
+  }
+  if (auto r = engine.register_memory(buf.data(), buf.size(), "*"); !r) {
+    std::cerr << "tide-bench: register_memory: " << r.error().message() << "\n";
+    return 1;
+  }
+  auto seg = engine.open_segment(o.segment_id);
+  if (!seg) {
+    std::cerr << "tide-bench: open_segment " << o.segment_id << ": " << seg.error().message() << "\n";
+    return 1;
+  }
+  auto desc = engine.segment_descriptor(*seg);
+  if (!desc || (*desc)->buffers.empty()) {
+    std::cerr << "tide-bench: segment " << o.segment_id << " has no registered buffer\n";
+    return 1;
+  }
+  const auto& remote = (*desc)->buffers.front();
+  const std::size_t per_thread = static_cast<std::size_t>(o.block_size) * o.batch_size;
+  if (per_thread * o.threads > remote.length) {
+    std::cerr << "tide-bench: the target's buffer (" << remote.length
+              << " B) is smaller than block_size x batch_size x threads\n";
+    return 1;
+  }
+
+  const auto op = o.operation == bench_operation::read ? transfer_op::read : transfer_op::write;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> bytes{0}, requests{0}, failed{0};
+  std::atomic<int> fatal{0};
+  std::mutex lat_mu;
+  std::vector<double> latencies;
+
+  // One batch: allocate, submit, wait, free.  Returns its latency, or nothing after a failure
+  // (reported, and `fatal` set).
+  auto one_batch = [&](const std::vector<transfer_request>& reqs) -> std::optional<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto b = engine.allocate_batch(o.batch_size);
+    if (!b) {
+      std::cerr << "tide-bench: allocate_batch: " << b.error().message() << "\n";
+      fatal = 1;
+      return std::nullopt;
+    }
+    if (auto s = engine.submit(*b, reqs); !s) {
+      std::cerr << "tide-bench: submit: " << s.error().message() << "\n";
+      fatal = 1;
+      (void)engine.free_batch(*b);
+      return std::nullopt;
+    }
+    auto w = engine.wait(*b, std::chrono::seconds(60));
+    auto st = engine.batch_status(*b);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!w || !st || st->state != transfer_state::completed) {
+      std::cerr << "tide-bench: batch did not complete: "
+                << (!w ? w.error().message()
+                       : st ? std::string(to_string(st->state)) + " " + std::string(to_string(st->reason))
+                            : st.error().message())
+                << "\n";
+      failed += o.batch_size;
+      (void)engine.cancel(*b);
+      (void)engine.wait(*b, std::chrono::seconds(60));
+      (void)engine.free_batch(*b);
+      fatal = 1;
+      return std::nullopt;
+    }
+    (void)engine.free_batch(*b);
+    return std::chrono::duration<double, std::micro>(t1 - t0).count();
+  };
+
+  std::atomic<std::uint32_t> warmed_up{0};
+  std::atomic<bool> go{false};
+  auto worker = [&](std::uint32_t t) {
+    std::vector<transfer_request> reqs(o.batch_size);
+    for (std::uint32_t i = 0; i < o.batch_size; ++i) {
+      const std::size_t off = t * per_thread + static_cast<std::size_t>(i) * o.block_size;
+      reqs[i] = transfer_request::at_address(op, buf.data() + off, *seg, remote.addr + off, o.block_size);
+    }
+    // An untimed first batch: it pays for the lazy connection handshakes, which are not throughput.
+    const bool warm = one_batch(reqs).has_value();
+    warmed_up.fetch_add(1);
+    while (warm && !go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<double> mine;
+    while (warm && !stop.load(std::memory_order_relaxed)) {
+      auto latency = one_batch(reqs);
+      if (!latency) break;
+      bytes += per_thread;
+      requests += o.batch_size;
+      mine.push_back(*latency);
+    }
+    std::lock_guard lock(lat_mu);
+    latencies.insert(latencies.end(), mine.begin(), mine.end());
+  };
+
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
+  while (warmed_up.load() < o.threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double cpu0 = process_cpu_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  go = true;
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(o.duration_s));
+  std::uint64_t last_bytes = 0;
+  auto last = start;
+  while (std::chrono::steady_clock::now() < deadline && fatal.load() == 0) {
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(200), deadline - std::chrono::steady_clock::now()));
+    const auto now = std::chrono::steady_clock::now();
+    if (o.progress && now - last >= std::chrono::seconds(1)) {
+      const auto b = bytes.load();
+      std::fprintf(stderr, "\r[tide-bench] %.0f s  %.3f %s/s  ", std::chrono::duration<double>(now - start).count(),
+                   static_cast<double>(b - last_bytes) / o.unit.bytes_per_unit /
+                       std::chrono::duration<double>(now - last).count(),
+                   o.unit.name.c_str());
+      last_bytes = b;
+      last = now;
+    }
+  }
+  stop = true;
+  for (auto& th : threads) th.join();
+  if (o.progress) std::fprintf(stderr, "\n");
+
+  run_figures f;
+  f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  f.cpu_seconds = process_cpu_seconds() - cpu0;
+  f.bytes = bytes;
+  f.requests = requests;
+  f.failed_requests = failed;
+  f.batch_latency_us = std::move(latencies);
+  const auto s = summarize(f, o);
+  std::cout << format_report(s, f, o);
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    out << format_json(s, f, o);
+    if (!out) {
+      std::cerr << "tide-bench: cannot write " << o.json_path << "\n";
+      return 1;
+    }
+  }
+  return fatal.load() == 0 ? 0 : 1;
+}
+
+template <class P>
+int run(const bench_options& o) {
+  return o.mode == bench_mode::target ? run_target<P>(o) : run_initiator<P>(o);
+}
+
+}  // namespace tide::bench
