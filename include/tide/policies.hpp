@@ -24,6 +24,7 @@
 #include <tide/policy/lru.hpp>
 #include <tide/policy/mix_hash.hpp>
 #include <tide/policy/mooncake_hash.hpp>
+#include <tide/policy/p2p.hpp>
 #include <tide/policy/peer_path_hash.hpp>
 #include <tide/policy/shard_hash.hpp>
 #include <tide/policy/sieve.hpp>
@@ -53,7 +54,11 @@ struct default_policies {
   /// Soft-RoCE); busy_poll for dedicated cores on real NICs.
   using idle = policy::hybrid;
 
-  // `using metadata = policy::p2p;` joins when the metadata backends land.
+  /// Where segment descriptors live.  p2p needs no server: a peer's
+  /// descriptor is fetched from its handshake port.  etcd when a deployment
+  /// outgrows one box (or shares an etcd with Mooncake peers); http for
+  /// Mooncake's metadata server protocol; in_process for tests.
+  using metadata = policy::p2p;
 };
 
 namespace detail {
@@ -90,8 +95,8 @@ consteval bool idle_ok() {
   if constexpr (idle_present<P>()) return idle_strategy<typename P::idle>;
   return false;
 }
-// metadata is checked when present; default_policies gains it with the
-// metadata backends, and then every set has it by inheritance.
+// metadata is checked when present: every set derived from default_policies
+// has it, and transfer_engine falls back to policy::p2p for one that does not.
 template <class P>
 consteval bool metadata_ok() {
   if constexpr (requires { typename P::metadata; }) return metadata_backend<typename P::metadata>;

@@ -6,6 +6,8 @@
 #include <tide/policies.hpp>
 #include <tide/rdma/endpoint_store.hpp>
 
+#include <tide/policy/in_process.hpp>
+
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -98,7 +100,7 @@ TEST_CASE("the idle and metadata archetypes run") {
 // tide::metadata_backend.  Only backends that need no server belong here;
 // the lead adds tide::policy::in_process (and p2p where it runs without a
 // peer) to this list when the metadata branch merges.
-using metadata_backends_under_test = std::tuple<arch::metadata>;
+using metadata_backends_under_test = std::tuple<arch::metadata, tide::policy::in_process>;
 
 TEST_CASE_TEMPLATE_DEFINE("metadata backend conformance", B, metadata_conformance) {
   static_assert(tide::metadata_backend<B>);
