@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   for (const auto& e : registry) names.push_back(e.name);
 
   if (argc == 2 && std::string_view(argv[1]) == "--list-policies") {
-    for (const auto& e : registry) std::cout << e.name << "\n";
+    for (const auto& e : registry) std::cout << e.name << '\t' << e.description << "\n";
     return 0;
   }
   auto o = parse_options(argc, argv, names);
