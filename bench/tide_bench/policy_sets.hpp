@@ -15,13 +15,24 @@ enum class metadata_kind { p2p, etcd, http };
 
 struct policy_entry {
   std::string name;         ///< --policy value
-  std::string description;  ///< eviction / shard hash / idle
+  std::string description;  ///< "eviction / shard hash / idle", from the policies' kName
   /// Runs the benchmark with this set and the given metadata backend;
   /// nullptr for a backend this set is not built with.
   int (*run_p2p)(const bench_options&) = nullptr;
   int (*run_etcd)(const bench_options&) = nullptr;
   int (*run_http)(const bench_options&) = nullptr;
 };
+
+/// "sieve / mooncake_hash / hybrid": what P is made of, read from the policies themselves.
+template <class P>
+std::string describe() {
+  std::string d(P::eviction::kName);
+  d += " / ";
+  d += P::shard_hash::kName;
+  d += " / ";
+  d += P::idle::kName;
+  return d;
+}
 
 /// Every compiled set, "default" first.  Defined across policy_sets_*.cpp.
 [[nodiscard]] std::vector<policy_entry> policy_registry();

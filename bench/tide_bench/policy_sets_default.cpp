@@ -18,10 +18,10 @@ struct mooncake_policies : default_policies {
 }  // namespace
 
 void add_default_sets(std::vector<policy_entry>& out) {
-  out.push_back({"default", "sieve / mix_hash / hybrid", &run<default_policies>,
+  out.push_back({"default", describe<default_policies>(), &run<default_policies>,
                  &run<with_metadata<default_policies, policy::etcd>>,
                  &run<with_metadata<default_policies, policy::http>>});
-  out.push_back({"mooncake", "mooncake_sieve / mooncake_hash / hybrid", &run<mooncake_policies>, nullptr, nullptr});
+  out.push_back({"mooncake", describe<mooncake_policies>(), &run<mooncake_policies>, nullptr, nullptr});
 }
 
 std::vector<policy_entry> policy_registry() {

@@ -1,4 +1,4 @@
-// The default set with each other eviction policy.
+// The default set with each other eviction policy (mooncake_sieve is in the "mooncake" set).
 #include "policy_sets.hpp"
 #include "runner.hpp"
 
@@ -13,10 +13,10 @@ struct eviction_set : default_policies {
 }  // namespace
 
 void add_eviction_sets(std::vector<policy_entry>& out) {
-  out.push_back({"fifo", "fifo / mix_hash / hybrid", &run<eviction_set<policy::fifo>>, nullptr, nullptr});
-  out.push_back({"lru", "lru / mix_hash / hybrid", &run<eviction_set<policy::lru>>, nullptr, nullptr});
-  out.push_back({"mooncake_sieve", "mooncake_sieve / mix_hash / hybrid",
-                 &run<eviction_set<policy::mooncake_sieve>>, nullptr, nullptr});
+  using fifo_set = eviction_set<policy::fifo>;
+  using lru_set = eviction_set<policy::lru>;
+  out.push_back({"fifo", describe<fifo_set>(), &run<fifo_set>, nullptr, nullptr});
+  out.push_back({"lru", describe<lru_set>(), &run<lru_set>, nullptr, nullptr});
 }
 
 }  // namespace tide::bench

@@ -22,13 +22,15 @@ struct event_driven_policies : default_policies {
 }  // namespace
 
 void add_idle_and_hash_sets(std::vector<policy_entry>& out) {
-  out.push_back({"busy_poll", "sieve / mix_hash / busy_poll", &run<idle_set<policy::busy_poll>>, nullptr, nullptr});
-  out.push_back({"cq_event", "sieve / mix_hash / cq_event", &run<idle_set<policy::cq_event>>, nullptr, nullptr});
-  out.push_back({"mooncake_hash", "sieve / mooncake_hash / hybrid", &run<hash_set<policy::mooncake_hash>>, nullptr,
-                 nullptr});
-  out.push_back({"peer_path_hash", "sieve / peer_path_hash / hybrid", &run<hash_set<policy::peer_path_hash>>,
-                 nullptr, nullptr});
-  out.push_back({"event_driven", "sieve / peer_path_hash / cq_event", &run<event_driven_policies>, nullptr, nullptr});
+  using busy_poll_set = idle_set<policy::busy_poll>;
+  using cq_event_set = idle_set<policy::cq_event>;
+  using mix_hash_set = hash_set<policy::mix_hash>;
+  using peer_path_hash_set = hash_set<policy::peer_path_hash>;
+  out.push_back({"busy_poll", describe<busy_poll_set>(), &run<busy_poll_set>, nullptr, nullptr});
+  out.push_back({"cq_event", describe<cq_event_set>(), &run<cq_event_set>, nullptr, nullptr});
+  out.push_back({"mix_hash", describe<mix_hash_set>(), &run<mix_hash_set>, nullptr, nullptr});
+  out.push_back({"peer_path_hash", describe<peer_path_hash_set>(), &run<peer_path_hash_set>, nullptr, nullptr});
+  out.push_back({"event_driven", describe<event_driven_policies>(), &run<event_driven_policies>, nullptr, nullptr});
 }
 
 }  // namespace tide::bench
