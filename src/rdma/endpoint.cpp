@@ -9,17 +9,6 @@ namespace {
 
 constexpr std::size_t kMaxChain = 32;  // WRs per ibv_post_send
 
-ibv_mtu mtu_enum(std::uint32_t bytes, ibv_mtu fallback) noexcept {
-  switch (bytes) {
-    case 256: return IBV_MTU_256;
-    case 512: return IBV_MTU_512;
-    case 1024: return IBV_MTU_1024;
-    case 2048: return IBV_MTU_2048;
-    case 4096: return IBV_MTU_4096;
-    default: return fallback;
-  }
-}
-
 }  // namespace
 
 std::string_view to_string(endpoint_state s) noexcept {
@@ -114,7 +103,7 @@ status endpoint::connect_qps_locked(const handshake_desc& peer) {
                                              std::to_string(peer.qp_num.size()));
   if (!peer.local_gid)
     return fail(errc::handshake_rejected, "peer " + peer.local_nic_path + " sent no GID");
-  const ibv_mtu peer_mtu = peer.mtu ? mtu_enum(*peer.mtu, params_.mtu) : params_.mtu;
+  const ibv_mtu peer_mtu = peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(params_.mtu) : params_.mtu;
   const ibv_mtu mtu = verbs::path_mtu(params_.mtu, peer_mtu);
   verbs::remote_qp rq;
   rq.dgid.raw = peer.local_gid->raw;
