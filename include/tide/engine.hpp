@@ -108,13 +108,15 @@ class transfer_engine {
   using metadata_backend_type = typename detail::metadata_of<P>::type;
 
   /// init(): starts the handshake service, opens every NIC, publishes the
-  /// (empty) segment.  Errors: config_invalid, no_device, device_not_found,
+  /// (empty) segment and, with an etcd/http backend, Mooncake's rpc_meta
+  /// entry {"ip_or_host_name","rpc_port"} under rpc_meta_key(cluster_id, name).  Errors: config_invalid, no_device, device_not_found,
   /// verbs errors, metadata_unavailable.
   [[nodiscard]] static result<std::unique_ptr<transfer_engine>> create(engine_config cfg);
 
   transfer_engine(const transfer_engine&) = delete;
   transfer_engine& operator=(const transfer_engine&) = delete;
-  /// Stops the workers and the handshake service; withdraws the segment.
+  /// Stops the workers and the handshake service; withdraws the segment
+  /// and the rpc_meta entry.
   ~transfer_engine();
 
   /// This engine's segment name (what peers open).
@@ -172,6 +174,9 @@ class transfer_engine {
   explicit transfer_engine(engine_config cfg);
 
   status publish(const segment_desc& d);
+  // The GID a Connection request without one refers to (open, one forced
+  // refresh on a miss, close).
+  result<gid_bytes> peer_gid(std::string_view segment, std::string_view device);
 
   engine_config cfg_;
   std::string name_;

@@ -450,15 +450,36 @@ std::string current_timestamp() {
   return out;
 }
 
-std::string segment_key(std::string_view cluster_id, std::string_view name) {
+namespace {
+std::string key_prefix(std::string_view cluster_id) {
   std::string key = "mooncake/";
   if (!cluster_id.empty()) {
     key.append(cluster_id);
     if (cluster_id.back() != '/') key.push_back('/');
   }
+  return key;
+}
+}  // namespace
+
+std::string segment_key(std::string_view cluster_id, std::string_view name) {
+  std::string key = key_prefix(cluster_id);
   if (name.find('/') == std::string_view::npos) key.append("ram/");
   key.append(name);
   return key;
+}
+
+std::string rpc_meta_key(std::string_view cluster_id, std::string_view server_name) {
+  std::string key = key_prefix(cluster_id);
+  key.append("rpc_meta/");
+  key.append(server_name);
+  return key;
+}
+
+std::string encode_rpc_meta(std::string_view host, std::uint16_t port) {
+  json j;
+  j["ip_or_host_name"] = std::string(host);
+  j["rpc_port"] = port;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace tide

@@ -76,17 +76,27 @@ etcd& etcd::operator=(etcd&&) noexcept = default;
 etcd::~etcd() = default;
 
 result<std::string> etcd::get_segment(std::string_view name) {
-  const std::string key = segment_key(impl_->config.cluster_id, name);
+  return get_key(segment_key(impl_->config.cluster_id, name));
+}
+
+status etcd::put_segment(std::string_view name, std::string_view json) {
+  return put_key(segment_key(impl_->config.cluster_id, name), json);
+}
+
+status etcd::remove_segment(std::string_view name) {
+  return remove_key(segment_key(impl_->config.cluster_id, name));
+}
+
+result<std::string> etcd::get_key(std::string_view key) {
   auto body = impl_->call("/v3/kv/range", detail::etcd_key_request(key));
   if (!body) return fail(body.error());
   auto value = detail::parse_etcd_range(*body);
   if (!value) return fail(errc::metadata_unavailable, "etcd range reply: " + value.error().detail);
-  if (!*value) return fail(errc::segment_not_found, "no etcd key " + key);
+  if (!*value) return fail(errc::segment_not_found, "no etcd key " + std::string(key));
   return std::move(**value);
 }
 
-status etcd::put_segment(std::string_view name, std::string_view json) {
-  const std::string key = segment_key(impl_->config.cluster_id, name);
+status etcd::put_key(std::string_view key, std::string_view json) {
   auto body = impl_->call("/v3/kv/put", detail::etcd_put_request(key, json));
   if (!body) return fail(body.error());
   if (auto ok = detail::parse_etcd_put(*body); !ok) {
@@ -95,13 +105,12 @@ status etcd::put_segment(std::string_view name, std::string_view json) {
   return {};
 }
 
-status etcd::remove_segment(std::string_view name) {
-  const std::string key = segment_key(impl_->config.cluster_id, name);
+status etcd::remove_key(std::string_view key) {
   auto body = impl_->call("/v3/kv/deleterange", detail::etcd_key_request(key));
   if (!body) return fail(body.error());
   auto deleted = detail::parse_etcd_deleted(*body);
   if (!deleted) return fail(errc::metadata_unavailable, "etcd deleterange reply: " + deleted.error().detail);
-  if (*deleted == 0) return fail(errc::segment_not_found, "no etcd key " + key);
+  if (*deleted == 0) return fail(errc::segment_not_found, "no etcd key " + std::string(key));
   return {};
 }
 

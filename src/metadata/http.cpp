@@ -39,9 +39,9 @@ struct http::impl {
     if (config.timeout.count() <= 0) config_error = error{errc::config_invalid, "metadata timeout must be > 0"};
   }
 
-  result<detail::http_reply> request(std::string_view method, std::string_view name, std::string_view body) {
+  result<detail::http_reply> request(std::string_view method, std::string_view key, std::string_view body) {
     if (config_error) return fail(*config_error);
-    const std::string target = path + "?key=" + detail::url_escape(segment_key(config.cluster_id, name));
+    const std::string target = path + "?key=" + detail::url_escape(key);
     return detail::http_request(server.host, server.port, method, target, body,
                                 body.empty() ? std::string_view{} : std::string_view{"application/json"},
                                 config.timeout);
@@ -60,24 +60,36 @@ http& http::operator=(http&&) noexcept = default;
 http::~http() = default;
 
 result<std::string> http::get_segment(std::string_view name) {
-  auto r = impl_->request("GET", name, {});
+  return get_key(segment_key(impl_->config.cluster_id, name));
+}
+
+status http::put_segment(std::string_view name, std::string_view json) {
+  return put_key(segment_key(impl_->config.cluster_id, name), json);
+}
+
+status http::remove_segment(std::string_view name) {
+  return remove_key(segment_key(impl_->config.cluster_id, name));
+}
+
+result<std::string> http::get_key(std::string_view key) {
+  auto r = impl_->request("GET", key, {});
   if (!r) return fail(r.error());
-  if (r->status == 404) return fail(errc::segment_not_found, "no key " + segment_key(impl_->config.cluster_id, name));
+  if (r->status == 404) return fail(errc::segment_not_found, "no key " + std::string(key));
   if (r->status != 200) return fail(impl_->unexpected("GET", *r));
   return std::move(r->body);
 }
 
-status http::put_segment(std::string_view name, std::string_view json) {
-  auto r = impl_->request("PUT", name, json);
+status http::put_key(std::string_view key, std::string_view json) {
+  auto r = impl_->request("PUT", key, json);
   if (!r) return fail(r.error());
   if (r->status != 200) return fail(impl_->unexpected("PUT", *r));
   return {};
 }
 
-status http::remove_segment(std::string_view name) {
-  auto r = impl_->request("DELETE", name, {});
+status http::remove_key(std::string_view key) {
+  auto r = impl_->request("DELETE", key, {});
   if (!r) return fail(r.error());
-  if (r->status == 404) return fail(errc::segment_not_found, "no key " + segment_key(impl_->config.cluster_id, name));
+  if (r->status == 404) return fail(errc::segment_not_found, "no key " + std::string(key));
   if (r->status != 200) return fail(impl_->unexpected("DELETE", *r));
   return {};
 }

@@ -211,6 +211,28 @@ TEST_CASE("tide-metadata-server: paths, missing keys, methods, escapes") {
   CHECK(server.process().terminate() == 0);  // SIGTERM: a clean exit
 }
 
+TEST_CASE("http: full keys (rpc_meta) through get_key/put_key/remove_key") {
+  metadata_server_process server;
+  metadata_config c;
+  c.connection = "http://127.0.0.1:" + std::to_string(server.port()) + "/metadata";
+  c.cluster_id = "c1";
+  policy::http b{c};
+  const std::string key = rpc_meta_key(c.cluster_id, "10.0.0.1:15321");
+  REQUIRE(b.put_key(key, encode_rpc_meta("10.0.0.1", 15321)).has_value());
+  // Mooncake's client asks for the escaped key.
+  auto raw = detail::http_request("127.0.0.1", server.port(), "GET",
+                                  "/metadata?key=mooncake%2Fc1%2Frpc_meta%2F10.0.0.1%3A15321", {}, {}, 2000ms);
+  REQUIRE_MESSAGE(raw.has_value(), raw.error());
+  CHECK(raw->status == 200);
+  CHECK(raw->body == R"({"ip_or_host_name":"10.0.0.1","rpc_port":15321})");
+  auto got = b.get_key(key);
+  REQUIRE_MESSAGE(got.has_value(), got.error());
+  CHECK(*got == raw->body);
+  REQUIRE(b.remove_key(key).has_value());
+  CHECK(b.get_key(key).error().code == errc::segment_not_found);
+  CHECK(b.remove_key(key).error().code == errc::segment_not_found);
+}
+
 TEST_CASE("http: server down -> metadata_unavailable within the timeout; back on the same port -> works") {
   metadata_server_process server;
   metadata_config c;

@@ -339,6 +339,14 @@ TEST_CASE("segment keys follow Mooncake's scheme") {
   CHECK(segment_key("", "rpc_meta/n") == "mooncake/rpc_meta/n");
 }
 
+TEST_CASE("rpc_meta keys and values follow Mooncake's scheme") {
+  CHECK(rpc_meta_key("", "10.0.0.2:16002") == "mooncake/rpc_meta/10.0.0.2:16002");
+  CHECK(rpc_meta_key("prod", "n") == "mooncake/prod/rpc_meta/n");
+  CHECK(rpc_meta_key("prod/", "n") == "mooncake/prod/rpc_meta/n");
+  CHECK(encode_rpc_meta("10.0.0.2", 16002) == R"({"ip_or_host_name":"10.0.0.2","rpc_port":16002})");
+  CHECK(encode_rpc_meta("fe80::1", 0) == R"({"ip_or_host_name":"fe80::1","rpc_port":0})");
+}
+
 TEST_CASE("current_timestamp has Mooncake's shape") {
   const std::string t = current_timestamp();
   REQUIRE(t.size() == 26);

@@ -164,6 +164,28 @@ TEST_CASE("etcd: Mooncake's keys and JSON, both ways") {
   CHECK(encode_segment(*loc->segment) == mooncake);
 }
 
+TEST_CASE("etcd: full keys (rpc_meta) through get_key/put_key/remove_key") {
+  etcd_cluster c{1};
+  auto cfg = c.config();
+  cfg.cluster_id = "prod";
+  policy::etcd b{cfg};
+  const std::string key = rpc_meta_key(cfg.cluster_id, "10.0.0.1:15321");
+  REQUIRE(key == "mooncake/prod/rpc_meta/10.0.0.1:15321");
+  REQUIRE(b.put_key(key, encode_rpc_meta("10.0.0.1", 15321)).has_value());
+  // Stored under exactly that key, as a Mooncake peer reads it.
+  auto stored = raw_get(c.client_port(0), key);
+  REQUIRE(stored.has_value());
+  CHECK(*stored == R"({"ip_or_host_name":"10.0.0.1","rpc_port":15321})");
+  auto got = b.get_key(key);
+  REQUIRE_MESSAGE(got.has_value(), got.error());
+  CHECK(*got == *stored);
+  CHECK(b.get_segment("10.0.0.1:15321").error().code == errc::segment_not_found);  // not under ram/
+  REQUIRE(b.remove_key(key).has_value());
+  CHECK_FALSE(raw_get(c.client_port(0), key).has_value());
+  CHECK(b.get_key(key).error().code == errc::segment_not_found);
+  CHECK(b.remove_key(key).error().code == errc::segment_not_found);
+}
+
 TEST_CASE("etcd stopped -> metadata_unavailable within the timeout; started again -> works, nothing restarted") {
   etcd_cluster c{1};
   segment_cache<policy::etcd> cache{c.config(1000ms)};

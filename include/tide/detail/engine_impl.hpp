@@ -19,6 +19,7 @@ struct transfer_engine<P>::impl {
   std::string desc_json;
   std::mutex notify_mu;
   std::deque<notify_desc> notifies;
+  std::string rpc_meta_key;  ///< published (etcd/http mode); "" = nothing to withdraw
 };
 
 template <class P>
@@ -31,6 +32,12 @@ transfer_engine<P>::~transfer_engine() {
   transport_.reset();
   if (cache_) {
     if (auto r = cache_->unpublish(name_); !r) TIDE_LOG_DEBUG("unpublish " << name_ << ": " << r.error().message());
+    if constexpr (metadata_key_store<metadata_backend_type>) {
+      if (!impl_->rpc_meta_key.empty()) {
+        if (auto r = cache_->backend().remove_key(impl_->rpc_meta_key); !r)
+          TIDE_LOG_DEBUG("remove " << impl_->rpc_meta_key << ": " << r.error().message());
+      }
+    }
   }
 }
 
@@ -102,6 +109,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     if (!d) return fail(d.error());
     return self->transport_->set_segment(id, **d);
   };
+  auto peer_gid = [self](std::string_view segment, std::string_view device) { return self->peer_gid(segment, device); };
 
   rdma::transport_config tc;
   tc.context.local_server_name = e->name_;
@@ -123,12 +131,41 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.transfer_timeout = e->cfg_.transfer_timeout;
   tc.custom_topology_json = e->cfg_.custom_topology_json;
   tc.max_batches = e->cfg_.max_batches;
-  auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh);
+  auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh, peer_gid);
   if (!t) return fail(t.error());
   e->transport_ = std::move(*t);
   im->transport.store(e->transport_.get(), std::memory_order_release);
   if (auto r = e->transport_->publish(); !r) return fail(r.error());
+  // Mooncake peers in etcd/http mode look the handshake address up here, not
+  // in the segment name (research/mooncake-wire.md §3).
+  if constexpr (metadata_key_store<metadata_backend_type>) {
+    const std::string key = rpc_meta_key(e->cfg_.cluster_id, e->name_);
+    if (auto r = e->cache_->backend().put_key(key, encode_rpc_meta(host->host, im->server->port())); !r)
+      return fail(r.error().code, "rpc_meta: " + r.error().detail);
+    im->rpc_meta_key = key;
+  }
   return e;
+}
+
+template <class P>
+result<gid_bytes> transfer_engine<P>::peer_gid(std::string_view segment, std::string_view device) {
+  auto id = cache_->open(segment);
+  if (!id) return fail(id.error().code, "cannot read segment " + std::string(segment) + ": " + id.error().detail);
+  auto find = [&](const segment_desc& d) -> std::optional<gid_bytes> {
+    for (const auto& dev : d.devices)
+      if (dev.name == device) return dev.gid;
+    return std::nullopt;
+  };
+  std::optional<gid_bytes> gid;
+  if (auto d = cache_->get(*id)) gid = find(**d);
+  // The peer may have opened the device after we cached its descriptor.
+  if (!gid)
+    if (auto d = cache_->refresh(*id)) gid = find(**d);
+  (void)cache_->close(*id);
+  if (!gid)
+    return fail(errc::device_not_found,
+                std::string(segment) + "@" + std::string(device) + " not found in segment " + std::string(segment));
+  return *gid;
 }
 
 template <class P>

@@ -42,4 +42,15 @@ concept metadata_backend =
       { b.remove_segment(name) } -> std::same_as<status>;
     };
 
+/// A backend on a shared key-value store (etcd, http) that also reads and
+/// writes full keys, such as Mooncake's rpc_meta entries.  Optional: the
+/// engine publishes rpc_meta only through backends that model it (p2p and
+/// in_process have no shared store to put it in).
+template <class B>
+concept metadata_key_store = metadata_backend<B> && requires(B& b, std::string_view key, std::string_view json) {
+  { b.get_key(key) } -> std::same_as<result<std::string>>;
+  { b.put_key(key, json) } -> std::same_as<status>;
+  { b.remove_key(key) } -> std::same_as<status>;
+};
+
 }  // namespace tide

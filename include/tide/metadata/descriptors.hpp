@@ -162,4 +162,13 @@ struct notify_desc {
 /// or "mooncake/[<cluster_id>/]<name>" when the name already contains '/'.
 [[nodiscard]] std::string segment_key(std::string_view cluster_id, std::string_view name);
 
+/// Mooncake's key for a server's handshake address in etcd/HTTP mode:
+/// "mooncake/[<cluster_id>/]rpc_meta/<server_name>".  Mooncake peers read it
+/// to learn where to send handshake requests to <server_name>.
+[[nodiscard]] std::string rpc_meta_key(std::string_view cluster_id, std::string_view server_name);
+
+/// The value stored under rpc_meta_key: {"ip_or_host_name":<host>,"rpc_port":<port>}
+/// (compact, keys sorted, no trailing newline).
+[[nodiscard]] std::string encode_rpc_meta(std::string_view host, std::uint16_t port);
+
 }  // namespace tide

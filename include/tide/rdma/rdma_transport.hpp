@@ -47,12 +47,16 @@ class rdma_transport {
   using refresh_fn = std::function<status(segment_id)>;
   /// Stores the local segment descriptor where peers find it.
   using publish_fn = std::function<status(const segment_desc&)>;
+  /// The GID of device `device` in segment `segment`'s published devices[]
+  /// (for a Connection request that sent `local_gid: ""`).  Errors: any;
+  /// the detail becomes the reply_msg.
+  using peer_gid_fn = std::function<result<gid_bytes>(std::string_view segment, std::string_view device)>;
 
   /// Scans the HCAs, opens a context per NIC (in the matrix's device order).
   /// Errors: no_device, device_not_found, config_invalid, verbs errors.
   [[nodiscard]] static result<std::unique_ptr<rdma_transport>> create(const transport_config& cfg,
                                                                       handshake_sender send, publish_fn publish,
-                                                                      refresh_fn refresh);
+                                                                      refresh_fn refresh, peer_gid_fn peer_gid = {});
 
   rdma_transport(const rdma_transport&) = delete;
   rdma_transport& operator=(const rdma_transport&) = delete;
@@ -86,7 +90,10 @@ class rdma_transport {
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of
-  /// the NIC it targets.
+  /// the NIC it targets.  A request without a GID gets it from the requester's
+  /// segment (peer_gid_fn), as Mooncake's passive side does; blocks for
+  /// that metadata round trip (two when the device is missing: one forced
+  /// refresh).  Handshake-service threads.
   [[nodiscard]] handshake_desc on_connect(const handshake_desc& req);
   [[nodiscard]] std::size_t context_count() const noexcept { return contexts_.size(); }
   [[nodiscard]] context_type& context(std::size_t i) noexcept { return *contexts_[i]; }
@@ -107,6 +114,7 @@ class rdma_transport {
   std::vector<std::unique_ptr<context_type>> contexts_;
   publish_fn publish_;
   refresh_fn refresh_;
+  peer_gid_fn peer_gid_;
 
   mutable std::shared_mutex local_mu_;
   std::vector<std::unique_ptr<local_buffer>> local_;  ///< sorted by addr

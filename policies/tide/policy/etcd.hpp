@@ -37,12 +37,19 @@ class etcd {
   /// Errors: errc::segment_not_found when the key did not exist.
   [[nodiscard]] status remove_segment(std::string_view name);
 
+  /// The same operations on a full key (no "mooncake/.../ram/" added), for
+  /// the keys Mooncake keeps beside the descriptors, e.g. rpc_meta_key().
+  /// Errors as the segment calls (segment_not_found: no such key).
+  [[nodiscard]] result<std::string> get_key(std::string_view key);
+  [[nodiscard]] status put_key(std::string_view key, std::string_view json);
+  [[nodiscard]] status remove_key(std::string_view key);
+
   struct impl;  ///< not API
 
  private:
   std::unique_ptr<impl> impl_;
 };
 
-static_assert(metadata_backend<etcd>);
+static_assert(metadata_key_store<etcd>);
 
 }  // namespace tide::policy

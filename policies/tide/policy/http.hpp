@@ -33,12 +33,19 @@ class http {
   [[nodiscard]] status put_segment(std::string_view name, std::string_view json);
   [[nodiscard]] status remove_segment(std::string_view name);
 
+  /// The same operations on a full key (no "mooncake/.../ram/" added), for
+  /// the keys Mooncake keeps beside the descriptors, e.g. rpc_meta_key().
+  /// Errors as the segment calls (segment_not_found: no such key).
+  [[nodiscard]] result<std::string> get_key(std::string_view key);
+  [[nodiscard]] status put_key(std::string_view key, std::string_view json);
+  [[nodiscard]] status remove_key(std::string_view key);
+
   struct impl;  ///< not API
 
  private:
   std::unique_ptr<impl> impl_;
 };
 
-static_assert(metadata_backend<http>);
+static_assert(metadata_key_store<http>);
 
 }  // namespace tide::policy

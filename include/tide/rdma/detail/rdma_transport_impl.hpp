@@ -12,7 +12,7 @@ inline batch_id make_batch_id(std::uint32_t slot, std::uint64_t generation) noex
 template <class P>
 result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const transport_config& cfg,
                                                                      handshake_sender send, publish_fn publish,
-                                                                     refresh_fn refresh) {
+                                                                     refresh_fn refresh, peer_gid_fn peer_gid) {
   if (cfg.slice_size == 0 || cfg.slice_size > (1u << 30))
     return fail(errc::config_invalid, "slice_size must be 1..1 GiB, got " + std::to_string(cfg.slice_size));
   if (cfg.fragment_limit > cfg.slice_size)
@@ -23,6 +23,7 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   std::unique_ptr<rdma_transport> t(new rdma_transport(cfg));
   t->publish_ = std::move(publish);
   t->refresh_ = std::move(refresh);
+  t->peer_gid_ = std::move(peer_gid);
   if (!cfg.custom_topology_json.empty()) {
     auto m = topology::priority_matrix::from_json(cfg.custom_topology_json);
     if (!m) return fail(errc::config_invalid, "custom topology: " + m.error().detail);
@@ -558,13 +559,32 @@ template <class P>
 handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req) {
   const auto at = req.peer_nic_path.find('@');
   const std::string_view nic = at == std::string::npos ? std::string_view{} : std::string_view(req.peer_nic_path).substr(at + 1);
-  for (auto& c : contexts_)
-    if (c->name() == nic) return c->handle_connect(req);
-  handshake_desc r;
-  r.local_nic_path = req.peer_nic_path;
-  r.peer_nic_path = req.local_nic_path;
-  r.reply_msg = "Local RDMA context not found: " + std::string(nic);
-  return r;
+  auto reject = [&](std::string why) {
+    handshake_desc r;
+    r.local_nic_path = req.peer_nic_path;
+    r.peer_nic_path = req.local_nic_path;
+    r.reply_msg = std::move(why);
+    return r;
+  };
+  for (auto& c : contexts_) {
+    if (c->name() != nic) continue;
+    // A ready ack carries no GID the passive side needs; only connects do.
+    if (req.local_gid || req.ready_ack.value_or(false)) return c->handle_connect(req);
+    // Mooncake peers may send local_gid "" and expect the GID to be read
+    // from their published devices[] (RE:539-558): <segment>@<device>.
+    const auto peer_at = req.local_nic_path.find('@');
+    if (peer_at == std::string::npos || peer_at == 0 || peer_at + 1 == req.local_nic_path.size())
+      return reject("Invalid peer GID: no GID sent and local_nic_path \"" + req.local_nic_path +
+                    "\" is not <segment>@<device>");
+    if (!peer_gid_) return reject("Invalid peer GID: no GID sent and no metadata to look it up");
+    const std::string_view path = req.local_nic_path;
+    auto gid = peer_gid_(path.substr(0, peer_at), path.substr(peer_at + 1));
+    if (!gid) return reject("Invalid peer GID: " + gid.error().detail);
+    handshake_desc with_gid = req;
+    with_gid.local_gid = *gid;
+    return c->handle_connect(with_gid);
+  }
+  return reject("Local RDMA context not found: " + std::string(nic));
 }
 
 }  // namespace tide::rdma
