@@ -9,6 +9,8 @@
 #include <tide/verbs/pd.hpp>
 #include <tide/verbs/qp.hpp>
 
+#include "devices_under_test.hpp"
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -36,22 +38,11 @@ namespace {
 constexpr std::size_t kRegion = 64u << 20;
 constexpr std::uint8_t kPort = 1;
 
-// The two devices under test: $TIDE_TEST_DEVICES or $RXE_VM_DEVICES ("rxe0 rxe1"),
-// else the first two devices (the same one twice when there is one: loopback).
-std::array<std::string, 2> devices_under_test() {
-  for (const char* var : {"TIDE_TEST_DEVICES", "RXE_VM_DEVICES"}) {
-    if (const char* s = std::getenv(var); s != nullptr && *s != '\0') {
-      std::istringstream in(s);
-      std::string a, b;
-      in >> a >> b;
-      if (!a.empty()) return {a, b.empty() ? a : b};
-    }
-  }
-  auto list = v::device_list::get();
-  REQUIRE(list);
-  const auto names = list->names();
-  REQUIRE_FALSE(names.empty());
-  return {names[0], names.size() > 1 ? names[1] : names[0]};
+// The two devices under test (the same one twice when there is one: loopback).
+std::array<std::string, 2> two_devices() {
+  const auto names = tide::test::devices_under_test();
+  REQUIRE(names.size() >= 2);
+  return {names[0], names[1]};
 }
 
 struct free_deleter {
@@ -179,7 +170,7 @@ std::optional<resource_counts> rdma_resources() {
 }  // namespace
 
 TEST_CASE("devices, ports and GIDs") {
-  const auto names = devices_under_test();
+  const auto names = two_devices();
   for (const auto& name : names) {
     auto ctx = take(v::context::open(name), "open");
     const auto dev = take(ctx.query_device(), "query_device");
@@ -212,7 +203,7 @@ TEST_CASE("devices, ports and GIDs") {
 }
 
 TEST_CASE("RDMA WRITE and READ across two devices, every byte checked") {
-  const auto names = devices_under_test();
+  const auto names = two_devices();
   auto a = open_side(names[0]);  // target of WRITEs, initiator of READs
   auto b = open_side(names[1]);
   connect(*a, *b);
@@ -277,7 +268,7 @@ TEST_CASE("RDMA WRITE and READ across two devices, every byte checked") {
 }
 
 TEST_CASE("a READ outside the peer's region completes with remote_access_error") {
-  const auto names = devices_under_test();
+  const auto names = two_devices();
   auto a = open_side(names[0]);
   auto b = open_side(names[1]);
   connect(*a, *b);
@@ -308,7 +299,7 @@ TEST_CASE("a READ outside the peer's region completes with remote_access_error")
 }
 
 TEST_CASE("completion channel: an armed CQ raises one event for a completion") {
-  const auto names = devices_under_test();
+  const auto names = two_devices();
   auto a = open_side(names[0]);
   auto b = open_side(names[1]);
   connect(*a, *b);
@@ -364,7 +355,7 @@ TEST_CASE("async events: a port going down and up again is reported") {
     std::printf("not in tools/rxe-vm: port events not provoked\n");
     return;
   }
-  const auto name = devices_under_test()[1];
+  const auto name = two_devices()[1];
   auto ctx = take(v::context::open(name), "open");
   const auto table = take(v::read_gid_table(name, kPort), "read_gid_table");
   const int idx = take(v::select_gid_index(table, name, kPort), "select_gid_index");
@@ -409,7 +400,7 @@ TEST_CASE("async events: a port going down and up again is reported") {
   CHECK(take(ctx.query_port(kPort), "query_port").state == IBV_PORT_ACTIVE);
   // Traffic across the pair works again (later suites in this VM depend on it).
   {
-    const auto names = devices_under_test();
+    const auto names = two_devices();
     auto a = open_side(names[0]);
     auto b = open_side(names[1]);
     connect(*a, *b);
@@ -428,7 +419,7 @@ TEST_CASE("async events: a port going down and up again is reported") {
 }
 
 TEST_CASE("destroying everything leaves no QP or MR behind") {
-  const auto names = devices_under_test();
+  const auto names = two_devices();
   const auto before = rdma_resources();
   if (!before) {
     std::printf("rdma tool (iproute2) not available: resource counts not checked\n");

@@ -13,6 +13,8 @@
 #include <tide/policy/in_process.hpp>
 #include <tide/verbs/device.hpp>
 
+#include "devices_under_test.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -40,20 +42,7 @@ using tide::transfer_op;
 using tide::transfer_request;
 using tide::transfer_state;
 
-std::vector<std::string> devices_under_test() {
-  std::string env;
-  if (const char* e = std::getenv("TIDE_TEST_DEVICES")) env = e;
-  else if (const char* e2 = std::getenv("RXE_VM_DEVICES")) env = e2;
-  std::vector<std::string> out;
-  std::istringstream in(env);
-  for (std::string d; in >> d;) out.push_back(d);
-  if (out.empty()) {
-    auto list = tide::verbs::device_list::get();
-    if (list) out = list->names();
-  }
-  if (out.size() == 1) out.push_back(out[0]);
-  return out;
-}
+using tide::test::devices_under_test;
 
 tide::engine_config config_for(std::vector<std::string> devices) {
   tide::engine_config c;

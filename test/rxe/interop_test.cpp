@@ -18,6 +18,8 @@
 #include <tide/policy/http.hpp>
 #include <tide/verbs/device.hpp>
 
+#include "devices_under_test.hpp"
+
 #include <infiniband/verbs.h>
 #include <nlohmann/json.hpp>
 
@@ -39,20 +41,7 @@ struct http_policies : tide::default_policies {
 };
 using engine_type = tide::transfer_engine<http_policies>;
 
-std::vector<std::string> devices_under_test() {
-  std::string env;
-  if (const char* e = std::getenv("TIDE_TEST_DEVICES")) env = e;
-  else if (const char* e2 = std::getenv("RXE_VM_DEVICES")) env = e2;
-  std::vector<std::string> out;
-  std::istringstream in(env);
-  for (std::string d; in >> d;) out.push_back(d);
-  if (out.empty()) {
-    auto list = tide::verbs::device_list::get();
-    if (list) out = list->names();
-  }
-  if (out.size() == 1) out.push_back(out[0]);
-  return out;
-}
+using tide::test::devices_under_test;
 
 struct fixture {
   fixture() {
