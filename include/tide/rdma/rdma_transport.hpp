@@ -6,6 +6,7 @@
 /// slice to another NIC path up to a bound.
 
 #include <tide/detail/log.hpp>
+#include <tide/rdma/batch_table.hpp>
 #include <tide/rdma/detail/batch.hpp>
 #include <tide/rdma/rdma_context.hpp>
 #include <tide/rdma/segment.hpp>
@@ -80,13 +81,15 @@ class rdma_transport {
   void drop_segment(segment_id id);
 
   // ---- batches ----
-  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity);
-  [[nodiscard]] status free_batch(batch_id id);
+  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) { return batches_->allocate(capacity); }
+  [[nodiscard]] status free_batch(batch_id id) { return batches_->free(id); }
   [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests);
-  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task);
-  [[nodiscard]] result<transfer_status> batch_status(batch_id id);
-  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout);
-  [[nodiscard]] status cancel(batch_id id);
+  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) {
+    return batches_->task_status(id, task);
+  }
+  [[nodiscard]] result<transfer_status> batch_status(batch_id id) { return batches_->batch_status(id); }
+  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) { return batches_->wait(id, timeout); }
+  [[nodiscard]] status cancel(batch_id id) { return batches_->cancel(id); }
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of
@@ -103,10 +106,8 @@ class rdma_transport {
  private:
   explicit rdma_transport(const transport_config& cfg) : cfg_(cfg) {}
 
-  [[nodiscard]] detail::batch_state* lookup(batch_id id) const noexcept;
   void on_failed(detail::slice& s, errc e) noexcept;
   [[nodiscard]] int pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry, std::uint32_t rnd) const noexcept;
-  void expire(detail::batch_state& b) noexcept;
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
 
   transport_config cfg_;
@@ -122,10 +123,7 @@ class rdma_transport {
   mutable std::shared_mutex seg_mu_;
   std::vector<std::shared_ptr<const remote_segment>> segments_;  ///< by segment_id
 
-  std::mutex batch_mu_;
-  std::unique_ptr<std::unique_ptr<detail::batch_state>[]> slots_;
-  std::size_t slot_count_ = 0;
-  std::vector<std::uint32_t> free_slots_;
+  std::unique_ptr<batch_table> batches_;
 };
 
 }  // namespace tide::rdma

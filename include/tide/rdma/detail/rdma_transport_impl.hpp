@@ -3,12 +3,6 @@
 
 namespace tide::rdma {
 
-namespace detail {
-inline batch_id make_batch_id(std::uint32_t slot, std::uint64_t generation) noexcept {
-  return (generation << 32) | slot;
-}
-}  // namespace detail
-
 template <class P>
 result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const transport_config& cfg,
                                                                      handshake_sender send, publish_fn publish,
@@ -17,10 +11,11 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
     return fail(errc::config_invalid, "slice_size must be 1..1 GiB, got " + std::to_string(cfg.slice_size));
   if (cfg.fragment_limit > cfg.slice_size)
     return fail(errc::config_invalid, "fragment_limit must be <= slice_size");
-  if (cfg.max_batches == 0 || cfg.max_batches > (1u << 24))
-    return fail(errc::config_invalid, "max_batches must be 1..2^24");
   if (cfg.max_retry > 64) return fail(errc::config_invalid, "max_retry must be <= 64");
+  auto batches = batch_table::create(cfg.max_batches);
+  if (!batches) return fail(batches.error());
   std::unique_ptr<rdma_transport> t(new rdma_transport(cfg));
+  t->batches_ = std::move(*batches);
   t->publish_ = std::move(publish);
   t->refresh_ = std::move(refresh);
   t->peer_gid_ = std::move(peer_gid);
@@ -52,7 +47,6 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
     if (!c) return fail(c.error());
     t->contexts_.push_back(std::move(*c));
   }
-  t->slots_.reset(new std::unique_ptr<detail::batch_state>[cfg.max_batches]);
   return t;
 }
 
@@ -190,77 +184,6 @@ void rdma_transport<P>::drop_segment(segment_id id) {
 // ---------------------------------------------------------------- batches
 
 template <class P>
-detail::batch_state* rdma_transport<P>::lookup(batch_id id) const noexcept {
-  const auto slot = static_cast<std::uint32_t>(id & 0xffffffffu);
-  if (slot >= cfg_.max_batches) return nullptr;
-  detail::batch_state* b = slots_[slot].get();
-  if (b == nullptr || !b->live.load(std::memory_order_acquire) || b->generation != (id >> 32)) return nullptr;
-  return b;
-}
-
-template <class P>
-result<batch_id> rdma_transport<P>::allocate_batch(std::size_t capacity) {
-  if (capacity == 0) return fail(errc::capacity_zero, "allocate_batch: capacity 0");
-  std::lock_guard lock(batch_mu_);
-  // Reuse a free slot whose batch is big enough (the bench allocates one size over and over).
-  for (std::size_t i = free_slots_.size(); i-- > 0;) {
-    detail::batch_state* b = slots_[free_slots_[i]].get();
-    if (b->capacity >= capacity && b->capacity <= capacity * 2) {
-      const std::uint32_t slot = free_slots_[i];
-      free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(i));
-      b->live.store(true, std::memory_order_release);
-      return detail::make_batch_id(slot, b->generation);
-    }
-  }
-  std::uint32_t slot;
-  if (slot_count_ < cfg_.max_batches) {
-    slot = static_cast<std::uint32_t>(slot_count_++);
-  } else if (!free_slots_.empty()) {
-    slot = free_slots_.front();  // too small: replace it
-    free_slots_.erase(free_slots_.begin());
-  } else {
-    return fail(errc::resource_exhausted, "allocate_batch: " + std::to_string(cfg_.max_batches) + " batches alive");
-  }
-  const std::uint64_t gen = slots_[slot] ? slots_[slot]->generation + 1 : 1;
-  slots_[slot] = std::make_unique<detail::batch_state>(capacity);
-  slots_[slot]->generation = gen;
-  slots_[slot]->live.store(true, std::memory_order_release);
-  return detail::make_batch_id(slot, gen);
-}
-
-template <class P>
-status rdma_transport<P>::free_batch(batch_id id) {
-  detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "free_batch: unknown batch " + std::to_string(id));
-  if (b->unfinished.load(std::memory_order_acquire) != 0) expire(*b);
-  if (b->unfinished.load(std::memory_order_acquire) != 0)
-    return fail(errc::batch_busy, "free_batch: " + std::to_string(b->unfinished.load()) + " task(s) unfinished");
-  // The worker retiring the last slice drops `inflight` right after finishing its task.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  while (b->inflight.load(std::memory_order_acquire) != 0) {
-    if (std::chrono::steady_clock::now() > until)
-      return fail(errc::batch_busy, "free_batch: " + std::to_string(b->inflight.load()) +
-                                        " slice(s) of finished tasks still in flight");
-    std::this_thread::yield();
-  }
-  std::lock_guard lock(batch_mu_);
-  {
-    std::lock_guard wl(b->mu);  // a notifier still inside finish_task leaves first
-  }
-  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) {
-    auto& t = b->tasks[i];
-    t.keep_alive.reset();
-    t.state.store(transfer_state::waiting, std::memory_order_relaxed);
-  }
-  b->used.store(0, std::memory_order_relaxed);
-  b->canceled.store(false, std::memory_order_relaxed);
-  b->live.store(false, std::memory_order_release);
-  ++b->generation;
-  free_slots_.push_back(static_cast<std::uint32_t>(id & 0xffffffffu));
-  return {};
-}
-
-template <class P>
 int rdma_transport<P>::pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry,
                                   std::uint32_t rnd) const noexcept {
   const auto& e = b.chooser.entry_at(offset);
@@ -275,7 +198,7 @@ int rdma_transport<P>::pick_local(const local_buffer& b, std::uint64_t offset, u
 
 template <class P>
 status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) {
-  detail::batch_state* b = lookup(id);
+  detail::batch_state* b = batches_->lookup(id);
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
   const std::size_t used = b->used.load(std::memory_order_relaxed);
@@ -467,92 +390,6 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   s.next = nullptr;
   const std::size_t shard = shards::shard_of(t.target, s.peer_device, *s.peer_path);
   contexts_[static_cast<std::size_t>(ld)]->pool().submit(shard, &s, &s);
-}
-
-template <class P>
-void rdma_transport<P>::expire(detail::batch_state& b) noexcept {
-  const auto now = std::chrono::steady_clock::now();
-  const std::size_t n = b.used.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < n; ++i) {
-    auto& t = b.tasks[i];
-    if (!is_final(t.state.load(std::memory_order_acquire)) && now > t.deadline) {
-      t.reason.store(errc::timed_out, std::memory_order_relaxed);
-      (void)detail::finish_task(t, transfer_state::timeout);
-    }
-  }
-}
-
-template <class P>
-result<transfer_status> rdma_transport<P>::task_status(batch_id id, std::size_t task) {
-  detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "status: unknown batch " + std::to_string(id));
-  if (task >= b->used.load(std::memory_order_acquire))
-    return fail(errc::unknown_task, "status: task " + std::to_string(task) + " was not submitted");
-  auto& t = b->tasks[task];
-  auto st = t.state.load(std::memory_order_acquire);
-  if (!is_final(st) && std::chrono::steady_clock::now() > t.deadline) {
-    t.reason.store(errc::timed_out, std::memory_order_relaxed);
-    (void)detail::finish_task(t, transfer_state::timeout);
-    st = t.state.load(std::memory_order_acquire);
-  }
-  return transfer_status{st, t.bytes.load(std::memory_order_relaxed),
-                         st == transfer_state::completed ? errc::ok : t.reason.load(std::memory_order_relaxed)};
-}
-
-template <class P>
-result<transfer_status> rdma_transport<P>::batch_status(batch_id id) {
-  detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "status: unknown batch " + std::to_string(id));
-  expire(*b);
-  transfer_status out{transfer_state::completed, 0, errc::ok};
-  const std::size_t n = b->used.load(std::memory_order_acquire);
-  if (n == 0) out.state = transfer_state::waiting;
-  bool any_pending = false;
-  for (std::size_t i = 0; i < n; ++i) {
-    auto& t = b->tasks[i];
-    const auto st = t.state.load(std::memory_order_acquire);
-    out.transferred_bytes += t.bytes.load(std::memory_order_relaxed);
-    if (!is_final(st)) any_pending = true;
-    else if (st != transfer_state::completed && out.state == transfer_state::completed) {
-      out.state = st;
-      out.reason = t.reason.load(std::memory_order_relaxed);
-    }
-  }
-  if (any_pending) out.state = transfer_state::pending;
-  return out;
-}
-
-template <class P>
-status rdma_transport<P>::wait(batch_id id, std::chrono::milliseconds timeout) {
-  detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "wait: unknown batch " + std::to_string(id));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(b->mu);
-  while (b->unfinished.load(std::memory_order_acquire) != 0) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
-      return fail(errc::timed_out, "wait: " + std::to_string(b->unfinished.load()) + " task(s) unfinished after " +
-                                       std::to_string(timeout.count()) + " ms");
-    // Wake at least every 100 ms to expire tasks past their own deadline.
-    b->cv.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(100)));
-    lock.unlock();
-    expire(*b);
-    lock.lock();
-  }
-  return {};
-}
-
-template <class P>
-status rdma_transport<P>::cancel(batch_id id) {
-  detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "cancel: unknown batch " + std::to_string(id));
-  b->canceled.store(true, std::memory_order_release);
-  const std::size_t n = b->used.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < n; ++i) {
-    b->tasks[i].reason.store(errc::canceled, std::memory_order_relaxed);
-    (void)detail::finish_task(b->tasks[i], transfer_state::canceled);
-  }
-  return {};
 }
 
 template <class P>
