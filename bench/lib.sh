@@ -19,11 +19,13 @@ dev_ip() {
     ip -o -4 addr show dev "${nd:-lo}" 2>/dev/null | awk '{sub(/\/.*/, "", $4); print $4; exit}' | grep . || echo 127.0.0.1
 }
 
-# perftest TOOL SRV_DEV CLI_DEV ARGS...: one perftest run, the client's output in $WORK/pt-cli.log;
-# fails (with the output on stderr) when the client does.
+# perftest TOOL SRV_DEV CLI_DEV ARGS...: one perftest run (with $PERFTEST_FLAGS), the client's
+# output in $WORK/pt-cli.log; fails (with the output on stderr) when the client does.
 perftest() {
     local tool=$1 srv=$2 cli=$3 port=$((18515 + RANDOM % 1000)) sp rc=0
     shift 3
+    # shellcheck disable=SC2206  # flags are words
+    set -- ${PERFTEST_FLAGS:-} "$@"
     "$tool" -d "$srv" -x "$GID_INDEX" -p "$port" "$@" > "$WORK/pt-srv.log" 2>&1 &
     sp=$!
     # The server listens on its TCP port once it has set up (seconds under TCG emulation).
