@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # bench/lib.sh — sourced by bench/latency and bench/multi-nic: perftest and tide-bench runs
 # on named devices, and figures out of their output. The caller sets BENCH (tide-bench),
 # WORK (a scratch directory) and GID_INDEX.
@@ -58,11 +59,11 @@ perftest_lat() {
 # tide_target_start DEVS IP POLICY: a tide-bench target on the devices DEVS (comma list); sets
 # TARGET_PID and SEGMENT, fails when it printed no segment within 20 s.
 tide_target_start() {
-    local i
+
     "$BENCH" --mode=target --local_server_name="$2" --device_name="$1" --policy="$3" \
         --buffer_size="${TARGET_BUFFER:-64M}" --noprogress > "$WORK/tb-srv.log" 2>&1 &
     TARGET_PID=$! SEGMENT=""
-    for i in $(seq 1 200); do
+    for _ in $(seq 1 200); do
         SEGMENT=$(sed -n 's/^segment: //p' "$WORK/tb-srv.log" | head -n1)
         [[ -n $SEGMENT ]] && return 0
         kill -0 "$TARGET_PID" 2> /dev/null || break

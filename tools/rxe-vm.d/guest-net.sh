@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tools/rxe-vm.d/guest-net.sh — the Soft-RoCE network inside tools/rxe-vm's guest.
 # The guest script sources it and calls net_setup; `tide-vm-link` (on the guest's PATH)
 # runs it with "link ..." to take links down and up while traffic runs.
