@@ -124,7 +124,7 @@ net_setup() {
   for ((k = 0; k < n; k++)); do rdma link add "rxe$k" type rxe netdev "veth$k" || return 1; done
   printf '127.0.0.1\tlocalhost\n10.47.0.1\trxe-vm\n' > /etc/hosts
   for ((k = 0; k < n; k++)); do
-    net_wait_port "rxe$k" ACTIVE
+    net_wait_port "rxe$k" ACTIVE || echo "[rxe-vm] rxe$k's port is not ACTIVE after 30 s" >&2
     devs+=("rxe$k") netdevs+=("veth$k") ips+=("$(net_ip "$k")")
     if ((k % 2)); then side_b+=("rxe$k"); else side_a+=("rxe$k"); fi
     export "RXE_VM_IP_rxe$k=$(net_ip "$k")" "RXE_VM_NETDEV_rxe$k=veth$k"
@@ -135,11 +135,16 @@ net_setup() {
   export RXE_VM_RATES=$RATES RXE_VM_LOSSES=$LOSSES RXE_VM_DELAYS=$DELAYS
 }
 
-# net_wait_port DEV STATE: up to 5 s for rxe DEV's port 1 to reach STATE (ACTIVE, DOWN).
+# net_wait_port DEV STATE: up to 30 s for rxe DEV's port 1 to reach STATE (ACTIVE, DOWN). Counted
+# in seconds, not polls: an emulated guest on a busy host may get little CPU.
 net_wait_port() {
-  local _
-  for _ in $(seq 50); do grep -q "$2" "/sys/class/infiniband/$1/ports/1/state" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
+  local deadline=$((SECONDS + 30)) state=""
+  while :; do
+    read -r _ state < "/sys/class/infiniband/$1/ports/1/state" 2> /dev/null  # "4: ACTIVE"
+    [[ $state == "$2" ]] && return 0
+    ((SECONDS < deadline)) || return 1
+    sleep 0.1
+  done
 }
 
 net_link_usage() {
