@@ -19,8 +19,10 @@
 # which only accepts packets arriving on its own netdev, drops it). For every local source
 # address, rule 10+k (iif lo = locally sent) looks up table 47+k first, which routes to each
 # peer the topology lets rxe<k> reach over veth<k>; the local table comes after (pref 100).
-# A peer the topology does not connect (rails, cross-rail) falls through to lo and is lost:
-# QPs to it fail with retry exceeded, as across a real rail gap.
+# A peer the topology does not connect (rails, cross-rail) has no route from that device, so
+# ibv_modify_qp to RTR fails ("Unable to Connect the HCA's through the link" in perftest).
+# A link taken down (tide-vm-link) loses carrier: its rxe ports go DOWN (IBV_EVENT_PORT_ERR);
+# QPs on it stall (measured: no retry-exceeded completion within minutes), they do not fail.
 
 NET_CONF=/run/tide/net.conf
 
