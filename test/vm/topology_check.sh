@@ -27,15 +27,15 @@ check() {   # check OK? MESSAGE
 }
 
 # pingpong SERVER_DEV CLIENT_DEV: 0 when ITERS verified exchanges of SIZE bytes completed.
+# Each call its own TCP port (subshells running at once would draw the same $RANDOM).
+PORT=$((30000 + RANDOM % 20000))
 pingpong() {
-    local srv=$1 cli=$2 port=$((30000 + RANDOM % 20000)) sp rc
-    timeout 20 ibv_rc_pingpong -d "$srv" -g "$GID" -p "$port" -n "$ITERS" -s "$SIZE" -c -e > "$WORK/srv.log" 2>&1 &
+    local srv=$1 cli=$2 port=$((PORT += 1)) sp rc deadline=$((SECONDS + 30))
+    timeout 60 ibv_rc_pingpong -d "$srv" -g "$GID" -p "$port" -n "$ITERS" -s "$SIZE" -c -e > "$WORK/srv.log" 2>&1 &
     sp=$!
-    for _ in $(seq 1 100); do
-        ss -Hltn "sport = :$port" | grep -q . && break
-        sleep 0.1
-    done
-    timeout 15 ibv_rc_pingpong -d "$cli" -g "$GID" -p "$port" -n "$ITERS" -s "$SIZE" -c -e \
+    # The server listens once its device is open: seconds on a busy emulated guest.
+    until ss -Hltn "sport = :$port" | grep -q . || ((SECONDS > deadline)); do sleep 0.1; done
+    timeout 30 ibv_rc_pingpong -d "$cli" -g "$GID" -p "$port" -n "$ITERS" -s "$SIZE" -c -e \
         "$(var "RXE_VM_IP_$srv")" > "$WORK/cli.log" 2>&1
     rc=$?
     # A dead path leaves the server waiting for a message that never comes.
@@ -85,6 +85,7 @@ every_pair_at_once() {
     local i j pids=() want got
     for ((i = 0; i < ${#A[@]}; i++)); do
         for ((j = 0; j < ${#B[@]}; j++)); do
+            PORT=$((PORT + 1))
             ( WORK=$WORK/$i-$j; mkdir -p "$WORK"; pingpong "${B[j]}" "${A[i]}" ) &
             pids+=($!)
         done
