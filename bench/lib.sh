@@ -22,8 +22,11 @@ dev_ip() {
 
 # perftest TOOL SRV_DEV CLI_DEV ARGS...: one perftest run (with $PERFTEST_FLAGS), the client's
 # output in $WORK/pt-cli.log; fails (with the output on stderr) when the client does.
+# Each run its own TCP port; runs started at once from subshells must set PT_PORT apart first
+# (subshells draw the same $RANDOM).
+PT_PORT=$((18515 + RANDOM % 1000))
 perftest() {
-    local tool=$1 srv=$2 cli=$3 port=$((18515 + RANDOM % 1000)) sp rc=0
+    local tool=$1 srv=$2 cli=$3 port=$((PT_PORT += 1)) sp rc=0
     shift 3
     # shellcheck disable=SC2206  # flags are words
     set -- ${PERFTEST_FLAGS:-} "$@"
@@ -36,10 +39,10 @@ perftest() {
         sleep 0.2
     done
     timeout 120 "$tool" -d "$cli" -x "$GID_INDEX" -p "$port" "$@" "$(dev_ip "$srv")" > "$WORK/pt-cli.log" 2>&1 || rc=$?
-    if ((rc)); then
-        { echo "$tool $srv <- $cli $* failed ($rc):"; tail -n 5 "$WORK/pt-cli.log"; } >&2
-        kill "$sp" 2> /dev/null || true
-    fi
+    ((rc == 0)) || { echo "$tool $srv <- $cli $* failed ($rc):"; tail -n 5 "$WORK/pt-cli.log"; } >&2
+    # The server ends with its client; one whose client never came would wait forever.
+    for _ in $(seq 1 100); do kill -0 "$sp" 2> /dev/null || break; sleep 0.1; done
+    kill "$sp" 2> /dev/null || true
     wait "$sp" 2> /dev/null || true
     return "$rc"
 }
