@@ -14,6 +14,16 @@
 #include <vector>
 
 namespace tide::policy {
+namespace {
+
+// The start of an error reply, for an error detail.
+std::string snippet(const std::string& body) {
+  std::string s = body.substr(0, 200);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
 
 // Owned by the etcd object; every member but `token` is written only by the
 // constructor, `token` is guarded by token_mu, so calls may come from any
@@ -103,9 +113,12 @@ struct etcd::impl {
                                       config.timeout, {.tls = tls, .authorization = {}});
     if (!reply) return fail(reply.error());
     if (reply->status != 200) {
-      return fail(errc::metadata_unavailable, "etcd authentication as user \"" + config.etcd_user + "\" at " + where +
-                                                  " failed: HTTP " + std::to_string(reply->status) + ": " +
-                                                  reply->body.substr(0, 200));
+      std::string why = "etcd authentication as user \"" + config.etcd_user + "\" at " + where + " failed: HTTP " +
+                        std::to_string(reply->status) + ": " + snippet(reply->body);
+      if (reply->body.find("CommonName of client") != std::string::npos) {
+        why += " (with auth on, etcd's JSON gateway needs an etcd_cert_file without a Common Name)";
+      }
+      return fail(errc::metadata_unavailable, why);
     }
     auto t = detail::parse_etcd_token(reply->body);
     if (!t) return fail(errc::metadata_unavailable, "etcd authentication reply from " + where + ": " + t.error().detail);
@@ -152,7 +165,10 @@ struct etcd::impl {
         why = reply.error().detail;
       } else if (reply->status != 200) {
         why = net::format_peer_address(ep.host, ep.port) + " answered HTTP " + std::to_string(reply->status) + ": " +
-              reply->body.substr(0, 200);
+              snippet(reply->body);
+        if (reply->body.find("CommonName of client") != std::string::npos) {
+          why += " (with auth on, etcd's JSON gateway needs an etcd_cert_file without a Common Name)";
+        }
       } else {
         if (i != first) preferred.store(i, std::memory_order_relaxed);
         return std::move(reply->body);

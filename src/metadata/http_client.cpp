@@ -107,10 +107,11 @@ result<http_reply> exchange(asio::io_context& ctx, Stream& stream, const std::ve
   // With TLS 1.3 the server checks the client's certificate after the
   // client's side of the handshake is done, so its refusal arrives here.
   auto io_failure = [&](const char* what, const std::optional<error_code>& e) {
-    std::string m = std::string(what) + where + ": ";
+    std::string m = std::string(what) + " " + where + ": ";
     if (!e) return m + "timed out";
     if (!is_tls_error(*e)) return m + describe(*e);
-    m = "TLS failure " + m + describe(*e, ssl);
+    // One request per connection: an alert here ends the handshake.
+    m = "TLS handshake with " + where + " failed (the server refused after the client's part): " + describe(*e, ssl);
     if (tls != nullptr && !tls->has_client_certificate()) m += " (no client certificate configured)";
     return m;
   };
@@ -119,7 +120,7 @@ result<http_reply> exchange(asio::io_context& ctx, Stream& stream, const std::ve
   tcp_layer.expires_at(deadline);
   bhttp::async_write(stream, req, [&](const error_code& e, std::size_t) { result_ec = e; });
   run_all(ctx);
-  if (!result_ec || *result_ec) return fail(errc::metadata_unavailable, io_failure("sending to ", result_ec));
+  if (!result_ec || *result_ec) return fail(errc::metadata_unavailable, io_failure("sending the request to", result_ec));
 
   beast::flat_buffer buffer;
   bhttp::response_parser<bhttp::string_body> parser;
@@ -129,7 +130,7 @@ result<http_reply> exchange(asio::io_context& ctx, Stream& stream, const std::ve
   bhttp::async_read(stream, buffer, parser, [&](const error_code& e, std::size_t) { result_ec = e; });
   run_all(ctx);
   if (!result_ec || *result_ec) {
-    return fail(errc::metadata_unavailable, io_failure("reading the reply from ", result_ec));
+    return fail(errc::metadata_unavailable, io_failure("reading the reply from", result_ec));
   }
   // No TLS close_notify exchange: the reply is complete (Content-Length or
   // chunked), and waiting for the server's close_notify would only cost time.
