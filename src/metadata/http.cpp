@@ -63,9 +63,10 @@ struct http::impl {
   }
 
   error unexpected(std::string_view method, const detail::http_reply& r) const {
+    std::string body = r.body.substr(0, 200);
+    while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
     return error{errc::metadata_unavailable, std::string(method) + " " + net::format_peer_address(server.host, server.port) +
-                                                 path + " answered HTTP " + std::to_string(r.status) + ": " +
-                                                 r.body.substr(0, 200)};
+                                                 path + " answered HTTP " + std::to_string(r.status) + ": " + body};
   }
 };
 
