@@ -105,14 +105,22 @@ result<http_reply> exchange(asio::io_context& ctx, Stream& stream, const std::ve
   }
 
   // With TLS 1.3 the server checks the client's certificate after the
-  // client's side of the handshake is done, so its refusal arrives here.
+  // client's side of the handshake is done, so its refusal arrives here: as
+  // an alert, or, when the server's reset overtakes the alert, as a reset.
   auto io_failure = [&](const char* what, const std::optional<error_code>& e) {
     std::string m = std::string(what) + " " + where + ": ";
     if (!e) return m + "timed out";
-    if (!is_tls_error(*e)) return m + describe(*e);
-    // One request per connection: an alert here ends the handshake.
-    m = "TLS handshake with " + where + " failed (the server refused after the client's part): " + describe(*e, ssl);
-    if (tls != nullptr && !tls->has_client_certificate()) m += " (no client certificate configured)";
+    const bool reset = *e == asio::error::connection_reset || *e == asio::error::broken_pipe ||
+                       *e == bhttp::error::end_of_stream || *e == asio::error::eof;
+    if (tls == nullptr || (!is_tls_error(*e) && !reset)) return m + describe(*e);
+    if (is_tls_error(*e)) {
+      // One request per connection: an alert here ends the handshake.
+      m = "TLS handshake with " + where + " failed (the server refused after the client's part): " + describe(*e, ssl);
+    } else {
+      m = "TLS session with " + where + " ended right after the handshake, " + what + ": " + describe(*e) +
+          " (servers do this when they refuse the client certificate)";
+    }
+    if (!tls->has_client_certificate()) m += " (no client certificate configured)";
     return m;
   };
 

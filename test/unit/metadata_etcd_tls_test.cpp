@@ -18,6 +18,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -364,6 +365,23 @@ TEST_CASE("etcds + auth: the right password works, a wrong one is named; an expi
     REQUIRE_MESSAGE(again.has_value(), again.error());
     CHECK(*again == "{\"v\":1}");
     REQUIRE(b.remove_segment("x").has_value());
+
+    // Several threads on one backend after the token expired again: they
+    // race to replace it, and every call succeeds.
+    std::this_thread::sleep_for(2500ms);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&b, &failures, t] {
+        const std::string name = "thread-" + std::to_string(t);
+        for (int i = 0; i < 5; ++i) {
+          const std::string v = "{\"i\":" + std::to_string(i) + "}";
+          if (!b.put_segment(name, v) || b.get_segment(name).value_or("") != v) ++failures;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    CHECK(failures.load() == 0);
   }
 }
 

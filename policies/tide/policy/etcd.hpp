@@ -17,7 +17,9 @@
 /// Auth: with etcd_user and etcd_password_file, the backend gets a token from
 /// /v3/auth/authenticate on first use and sends it as the Authorization
 /// header; a token etcd rejects (HTTP 401: expired, member restarted) is
-/// replaced once per request.  The password never appears in errors or logs.  Each call starts with the endpoint that
+/// replaced once per request.  The password never appears in errors or logs.
+/// etcd (3.4+) refuses gateway requests whose client certificate carries a
+/// Common Name while auth is on: with both, issue the certificate without one.  Each call starts with the endpoint that
 /// last answered and moves to the next on any failure (refused, timed out,
 /// HTTP error), so a cluster with a dead member keeps working.
 /// Timeouts: each endpoint attempt is bounded by config.timeout (connect +
