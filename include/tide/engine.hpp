@@ -45,7 +45,7 @@ struct engine_config {
   /// This host as peers reach it.  In p2p mode the segment name is
   /// "<local_server_name>:<handshake port>" (a port given here is replaced).
   std::string local_server_name = "127.0.0.1";
-  /// "P2PHANDSHAKE", "etcd://h:p[,h:p]", "http://h:p/path", or "" (in-process).
+  /// "P2PHANDSHAKE", "etcd://h:p[,h:p]" (etcds:// for TLS), "http://h:p/path", or "" (in-process).
   std::string metadata = "P2PHANDSHAKE";
   std::string cluster_id;                  ///< optional metadata key prefix
   std::vector<std::string> devices;        ///< NICs to use; empty = every HCA

@@ -92,6 +92,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void on_read(const error_code& ec) {
+    if (srv_.closed) return;  // stop() closed the socket; nothing to report
     if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted) return close();
     if (ec) {
       if (ec != beast::error::timeout && ec != asio::error::connection_reset) {
