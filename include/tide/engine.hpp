@@ -74,6 +74,16 @@ struct engine_config {
   std::string custom_topology_json;        ///< priority matrix override
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
+  /// Slice planning (see <tide/rdma/plan/slice_planner.hpp>): WRs per request
+  /// before slices grow past slice_size (TENT's 32 / 64), and whether
+  /// requests contiguous at both ends share WRs.
+  std::uint32_t max_wrs_write = 32;
+  std::uint32_t max_wrs_read = 64;
+  bool coalesce_requests = true;
+  /// A failing (local NIC, peer NIC) rail pauses this long, doubling on each
+  /// failed probe up to rail_max_cooldown.
+  std::chrono::milliseconds rail_cooldown{100};
+  std::chrono::milliseconds rail_max_cooldown{10000};
 
   /// Applies TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
@@ -95,6 +105,9 @@ struct metadata_of<P> {
   using type = typename P::metadata;
 };
 }  // namespace detail
+
+/// What engine->stats() returns (see <tide/rdma/plan/nic_load.hpp>).
+using engine_stats = rdma::plan::transport_stats;
 
 /// A buffer for the batch registration calls.
 struct buffer_entry {
@@ -168,6 +181,11 @@ class transfer_engine {
   [[nodiscard]] std::vector<notify_desc> take_notifies();
 
   [[nodiscard]] rdma::rdma_transport<P>& transport() noexcept { return *transport_; }
+
+  /// Per NIC: bytes, WRs, errors, bytes in flight, bandwidth estimate; and
+  /// every rail that has failed, with its state (healthy, paused, probing).
+  /// Any thread; not for the hot path (copies names).
+  [[nodiscard]] engine_stats stats() const { return transport_->stats(); }
 
  private:
   struct impl;

@@ -131,6 +131,11 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.transfer_timeout = e->cfg_.transfer_timeout;
   tc.custom_topology_json = e->cfg_.custom_topology_json;
   tc.max_batches = e->cfg_.max_batches;
+  tc.max_wrs_write = e->cfg_.max_wrs_write;
+  tc.max_wrs_read = e->cfg_.max_wrs_read;
+  tc.coalesce = e->cfg_.coalesce_requests;
+  tc.rail.initial_cooldown = e->cfg_.rail_cooldown;
+  tc.rail.max_cooldown = e->cfg_.rail_max_cooldown;
   auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh, peer_gid);
   if (!t) return fail(t.error());
   e->transport_ = std::move(*t);

@@ -17,6 +17,7 @@
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/detail/policy_adapt.hpp>
+#include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/detail/slice_queue.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/verbs/error.hpp>
@@ -176,7 +177,7 @@ class worker_pool {
       if (canceled || final) [[unlikely]] {
         *link = s->next;
         s->next = nullptr;
-        detail::retire_slice(*s, canceled ? errc::canceled : errc::timed_out);
+        detail::retire_wr(*s, canceled ? errc::canceled : errc::timed_out);
         continue;
       }
       g.tail = s;
@@ -269,7 +270,7 @@ class worker_pool {
       endpoint* ep = s->ep;
       if (wc.status == IBV_WC_SUCCESS) [[likely]] {
         ep->on_completion(*s);
-        detail::retire_slice(*s, errc::ok);
+        detail::retire_wr(*s, errc::ok);
         continue;
       }
       const errc e = verbs::errc_from_wc_status(wc.status);
@@ -328,7 +329,7 @@ class worker_pool {
     for (auto& g : w.pending) {
       for (detail::slice* s = g.head; s != nullptr;) {
         detail::slice* next = s->next;
-        detail::retire_slice(*s, errc::endpoint_closed);
+        detail::retire_wr(*s, errc::endpoint_closed);
         s = next;
       }
       g = {};

@@ -70,6 +70,29 @@ struct rail_health_config {
   }
 };
 
+/// Whether a slice that failed with `e` says its rail is broken (and so
+/// pauses it): no ACK, a connect that failed or was refused, a QP or port
+/// gone bad.  Not: a flushed WR (a victim of the rail's first failure),
+/// rejected memory access (the buffer's fault), cancel, timeout, eviction.
+[[nodiscard]] constexpr bool counts_against_rail(errc e) noexcept {
+  switch (e) {
+    case errc::transport_retry_exceeded:
+    case errc::rnr_retry_exceeded:
+    case errc::peer_unreachable:
+    case errc::handshake_failed:
+    case errc::handshake_rejected:
+    case errc::protocol_error:
+    case errc::qp_state_error:
+    case errc::mtu_mismatch:
+    case errc::qp_count_mismatch:
+    case errc::completion_error:
+    case errc::context_inactive:
+    case errc::device_fatal:
+    case errc::port_down: return true;
+    default: return false;
+  }
+}
+
 /// What a rail looks like right now (stats, tests).
 struct rail_snapshot {
   rail_phase phase = rail_phase::healthy;

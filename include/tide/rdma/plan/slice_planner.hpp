@@ -59,7 +59,7 @@ struct request_extent {
   std::uint64_t length = 0;
   transfer_op op = transfer_op::write;
   std::uint64_t target = 0;        ///< segment id
-  std::uint32_t local_buffer = 0;  ///< identity of the local buffer (any stable key)
+  std::uint64_t local_buffer = 0;  ///< identity of the local buffer (any stable key, e.g. its address)
   std::uint32_t peer_buffer = 0;   ///< index of the peer buffer
 };
 
