@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -42,7 +43,7 @@ class rdma_transport {
  public:
   static constexpr std::size_t kMaxContexts = 16;
   using context_type = rdma_context<P>;
-  using shards = worker_pool<P>;
+  using lanes = lane_pool<P>;
 
   /// Re-fetches segment `id`'s descriptor (the forced refresh on a miss).
   using refresh_fn = std::function<status(segment_id)>;

@@ -19,6 +19,9 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   t->publish_ = std::move(publish);
   t->refresh_ = std::move(refresh);
   t->peer_gid_ = std::move(peer_gid);
+  std::map<std::string, int> hca_numa;  // device -> sysfs numa_node (finding 17)
+  if (auto hcas = topology::scan_hcas(cfg.context.sysfs_root))
+    for (const auto& h : *hcas) hca_numa[h.name] = h.numa_node;
   if (!cfg.custom_topology_json.empty()) {
     auto m = topology::priority_matrix::from_json(cfg.custom_topology_json);
     if (!m) return fail(errc::config_invalid, "custom topology: " + m.error().detail);
@@ -43,8 +46,12 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
     context_config cc = cfg.context;
     cc.device = t->matrix_.devices()[i];
     typename context_type::hooks h{send, [self](detail::slice& s, errc e) { self->on_failed(s, e); }};
+    if (hca_numa.count(cc.device) != 0) cc.numa_node = hca_numa[cc.device];  // lanes run on their NIC's node
     auto c = context_type::create(cc, static_cast<std::uint16_t>(i), std::move(h));
     if (!c) return fail(c.error());
+    if (cfg.slice_size > (*c)->max_msg_size())
+      return fail(errc::config_invalid, "slice_size " + std::to_string(cfg.slice_size) + " is above " + cc.device +
+                                            "'s max_msg_sz " + std::to_string((*c)->max_msg_size()));
     t->contexts_.push_back(std::move(*c));
   }
   return t;
@@ -264,9 +271,9 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     }
   }
 
-  // Build the slices and chain them per (context, shard): one push per chain.
+  // Build the slices and chain them per context: one dispatch per context.
   using chain = std::pair<detail::slice*, detail::slice*>;
-  std::array<chain, kMaxContexts * shards::kShards> chains{};
+  std::array<chain, kMaxContexts> chains{};
   const auto now = std::chrono::steady_clock::now();
   std::size_t total = 0;
   const std::size_t ss = cfg_.slice_size;
@@ -333,8 +340,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
         detail::retire_slice(s, errc::context_inactive);
         continue;
       }
-      const std::size_t shard = shards::shard_of(t.target, s.peer_device, *s.peer_path);
-      chain& c = chains[s.local_device * shards::kShards + shard];
+      chain& c = chains[s.local_device];
       s.next = nullptr;
       if (c.first == nullptr) {
         c.first = c.second = &s;
@@ -346,9 +352,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     }
   }
   for (std::size_t d = 0; d < nctx_used; ++d)
-    for (std::size_t sh = 0; sh < shards::kShards; ++sh)
-      if (chain& c = chains[d * shards::kShards + sh]; c.first != nullptr)
-        contexts_[d]->pool().submit(sh, c.first, c.second);
+    if (chain& c = chains[d]; c.first != nullptr) contexts_[d]->dispatch(c.first, c.second);
   return {};
 }
 
@@ -388,8 +392,7 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   s.peer_path = &seg->nic_paths[static_cast<std::size_t>(pd)];
   s.ep = nullptr;
   s.next = nullptr;
-  const std::size_t shard = shards::shard_of(t.target, s.peer_device, *s.peer_path);
-  contexts_[static_cast<std::size_t>(ld)]->pool().submit(shard, &s, &s);
+  contexts_[static_cast<std::size_t>(ld)]->dispatch(&s, &s);
 }
 
 template <class P>
