@@ -48,7 +48,6 @@ tide::engine_config config_for(std::vector<std::string> devices) {
   tide::engine_config c;
   c.local_server_name = "127.0.0.1";
   c.devices = std::move(devices);
-  c.workers_per_context = 1;
   c.transfer_timeout = 60s;
   return c;
 }

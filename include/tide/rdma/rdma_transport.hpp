@@ -5,7 +5,7 @@
 ///   submit (resolve, detail/rdma_transport_impl.hpp)
 ///     -> plan  (plan/slice_planner.hpp: WRs per request, coalescing)
 ///     -> path  (plan/path_selector.hpp + P::path + plan/rail_health.hpp: a rail per WR)
-///     -> lane  (rdma_context / worker_pool: post, poll)
+///     -> lane  (rdma_context::dispatch -> lane_pool / lane: credits, post, poll)
 ///     -> NIC -> completion (detail/retire_wr.hpp: slice -> task -> batch)
 ///   failure -> on_failed (detail/transport_dispatch.hpp): the rail pauses,
 ///              the slice goes to the next healthy rail, up to max_retry.
@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -64,7 +65,7 @@ class rdma_transport {
  public:
   static constexpr std::size_t kMaxContexts = 16;
   using context_type = rdma_context<P>;
-  using shards = worker_pool<P>;
+  using lanes = lane_pool<P>;
 
   /// Re-fetches segment `id`'s descriptor (the forced refresh on a miss).
   using refresh_fn = std::function<status(segment_id)>;

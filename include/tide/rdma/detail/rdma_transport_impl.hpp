@@ -23,6 +23,9 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   t->publish_ = std::move(publish);
   t->refresh_ = std::move(refresh);
   t->peer_gid_ = std::move(peer_gid);
+  std::map<std::string, int> hca_numa;  // device -> sysfs numa_node (finding 17)
+  if (auto hcas = topology::scan_hcas(cfg.context.sysfs_root))
+    for (const auto& h : *hcas) hca_numa[h.name] = h.numa_node;
   if (!cfg.custom_topology_json.empty()) {
     auto m = topology::priority_matrix::from_json(cfg.custom_topology_json);
     if (!m) return fail(errc::config_invalid, "custom topology: " + m.error().detail);
@@ -67,10 +70,17 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
     context_config cc = cfg.context;
     cc.device = t->matrix_.devices()[i];
     typename context_type::hooks h{send, [self](detail::slice& s, errc e) { self->on_failed(s, e); }};
+    if (hca_numa.count(cc.device) != 0) cc.numa_node = hca_numa[cc.device];  // lanes run on their NIC's node
     auto c = context_type::create(cc, static_cast<std::uint16_t>(i), std::move(h));
     if (!c) return fail(c.error());
+    if (cfg.slice_size > (*c)->max_msg_size())
+      return fail(errc::config_invalid, "slice_size " + std::to_string(cfg.slice_size) + " is above " + cc.device +
+                                            "'s max_msg_sz " + std::to_string((*c)->max_msg_size()));
     t->contexts_.push_back(std::move(*c));
   }
+  // No WR longer than any device takes.
+  for (const auto& c : t->contexts_) t->plan_cfg_.max_msg_size = std::min<std::uint64_t>(t->plan_cfg_.max_msg_size, c->max_msg_size());
+  if (auto r = t->plan_cfg_.validate(); !r) return fail(r.error());
   return t;
 }
 

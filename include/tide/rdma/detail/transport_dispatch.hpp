@@ -60,8 +60,7 @@ template <class P>
 void rdma_transport<P>::dispatch_one(detail::slice& s) noexcept {
   s.ep = nullptr;
   s.next = nullptr;
-  const std::size_t shard = shards::shard_of(s.task->target, s.peer_device, *s.peer_path);
-  contexts_[s.local_device]->pool().submit(shard, &s, &s);
+  contexts_[s.local_device]->dispatch(&s, &s);
 }
 
 template <class P>
@@ -179,17 +178,16 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   b.inflight.fetch_add(total, std::memory_order_relaxed);
   b.used.store(used + requests.size(), std::memory_order_release);
 
-  // Chain per (context, shard): one push per chain.
+  // Chain per context: one dispatch per context (the context picks the lane).
   using chain = std::pair<detail::slice*, detail::slice*>;
-  std::array<chain, kMaxContexts * shards::kShards> chains{};
+  std::array<chain, kMaxContexts> chains{};
   std::size_t nctx_used = 0;
   for (detail::slice* s : heads) {
     if (s->local_device == 0xffff) [[unlikely]] {
       detail::retire_wr(*s, errc::context_inactive);
       continue;
     }
-    const std::size_t shard = shards::shard_of(s->task->target, s->peer_device, *s->peer_path);
-    chain& c = chains[s->local_device * shards::kShards + shard];
+    chain& c = chains[s->local_device];
     s->next = nullptr;
     if (c.first == nullptr) {
       c.first = c.second = s;
@@ -200,9 +198,7 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     nctx_used = std::max<std::size_t>(nctx_used, s->local_device + 1u);
   }
   for (std::size_t d = 0; d < nctx_used; ++d)
-    for (std::size_t sh = 0; sh < shards::kShards; ++sh)
-      if (chain& c = chains[d * shards::kShards + sh]; c.first != nullptr)
-        contexts_[d]->pool().submit(sh, c.first, c.second);
+    if (chain& c = chains[d]; c.first != nullptr) contexts_[d]->dispatch(c.first, c.second);
   return {};
 }
 
