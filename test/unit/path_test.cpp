@@ -2,6 +2,7 @@
 // include/tide/rdma/plan/path_selector.hpp) on synthetic rails: no device.
 
 #include <tide/policies.hpp>
+#include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/plan/path_selector.hpp>
 #include <tide/rdma/plan/slice_planner.hpp>
 
@@ -305,3 +306,70 @@ TEST_CASE_TEMPLATE_DEFINE("path policy conformance", P, path_conformance) {
   }
 }
 TEST_CASE_TEMPLATE_APPLY(path_conformance, path_policies);
+
+TEST_CASE("retire_wr: a coalesced WR retires its riders, gives the head its own share, releases the NIC and heals the rail") {
+  using namespace tide::rdma::detail;
+  batch_state b(3);
+  for (int t = 0; t < 3; ++t) {
+    b.tasks[t].slices_left = 1;
+    b.tasks[t].state = tide::transfer_state::pending;
+    b.tasks[t].slices.resize(1);
+  }
+  b.unfinished = 3;
+  b.inflight = 3;
+  // One 12 KiB WR over three 4 KiB requests: head = task 0's piece, riders = tasks 1 and 2.
+  slice& head = b.tasks[0].slices[0];
+  slice& r1 = b.tasks[1].slices[0];
+  slice& r2 = b.tasks[2].slices[0];
+  head.task = &b.tasks[0];
+  r1.task = &b.tasks[1];
+  r2.task = &b.tasks[2];
+  head.length = 12288;
+  head.share = 4096;
+  r1.length = r2.length = 4096;
+  head.rider = &r1;
+  r1.rider = &r2;
+  nic_load nic(1e9);
+  rail_state rail;
+  rail_health_config cfg;
+  rail.fail(0, cfg);
+  nic.dispatched(head.length);
+  head.charged = &nic;
+  head.rail = &rail;
+  head.dispatched_ns = 1;
+  retire_wr(head, tide::errc::ok);
+  for (int t = 0; t < 3; ++t) {
+    CHECK(b.tasks[t].state == tide::transfer_state::completed);
+    CHECK(b.tasks[t].bytes == 4096);
+  }
+  CHECK(b.inflight == 0);
+  CHECK(b.unfinished == 0);
+  CHECK(nic.inflight_bytes() == 0);
+  CHECK(nic.bytes() == 12288);
+  CHECK(rail.healthy());
+  CHECK(head.charged == nullptr);
+
+  // A failure: every task of the WR fails with the cause, the NIC counts an error.
+  batch_state c(2);
+  for (int t = 0; t < 2; ++t) {
+    c.tasks[t].slices_left = 1;
+    c.tasks[t].state = tide::transfer_state::pending;
+    c.tasks[t].slices.resize(1);
+    c.tasks[t].slices[0].task = &c.tasks[t];
+    c.tasks[t].slices[0].length = 100;
+  }
+  c.unfinished = 2;
+  c.inflight = 2;
+  slice& h = c.tasks[0].slices[0];
+  h.rider = &c.tasks[1].slices[0];
+  h.share = 100;
+  h.length = 200;
+  nic.dispatched(200);
+  h.charged = &nic;
+  retire_wr(h, tide::errc::transport_retry_exceeded);
+  CHECK(c.tasks[0].state == tide::transfer_state::failed);
+  CHECK(c.tasks[1].state == tide::transfer_state::failed);
+  CHECK(c.tasks[1].reason == tide::errc::transport_retry_exceeded);
+  CHECK(nic.errors() == 1);
+  CHECK(nic.inflight_bytes() == 0);
+}

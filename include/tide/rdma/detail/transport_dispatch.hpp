@@ -224,6 +224,15 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   const plan::rail failed{s.local_device, s.peer_device, false};
   plan::rail next{};
   bool found = false;
+  // Not the rail's fault (eviction, a flushed victim, a remote access error) and the
+  // rail still healthy: the same rail again.  Otherwise never the rail that failed.
+  if (!plan::counts_against_rail(e) && s.rail != nullptr && s.rail->healthy() && contexts_[s.local_device]->active()) {
+    s.charged = &loads_[s.local_device];
+    s.charged->dispatched(s.length);
+    s.dispatched_ns = now_us * 1000;
+    dispatch_one(s);
+    return;
+  }
   {
     std::shared_lock lock(local_mu_);
     if (const local_buffer* lb = find_local(s.local_addr, s.length)) {
