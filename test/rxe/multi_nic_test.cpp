@@ -62,7 +62,7 @@ std::optional<std::pair<std::vector<std::string>, std::vector<std::string>>> two
     return std::nullopt;
   }
   if (topology != nullptr && env("RXE_VM_TOPOLOGY") != topology) {
-    MESSAGE("needs --topology " << topology << " (this VM: " << env("RXE_VM_TOPOLOGY") << "): skipped");
+    MESSAGE("needs --topology " << std::string(topology) << " (this VM: " << env("RXE_VM_TOPOLOGY") << "): skipped");
     return std::nullopt;
   }
   a.resize(2);
