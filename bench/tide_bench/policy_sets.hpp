@@ -15,7 +15,7 @@ enum class metadata_kind { p2p, etcd, http };
 
 struct policy_entry {
   std::string name;         ///< --policy value
-  std::string description;  ///< "eviction / shard hash / idle", from the policies' kName
+  std::string description;  ///< "eviction / shard hash / idle / path", from the policies' kName
   /// Runs the benchmark with this set and the given metadata backend;
   /// nullptr for a backend this set is not built with.
   int (*run_p2p)(const bench_options&) = nullptr;
@@ -23,7 +23,7 @@ struct policy_entry {
   int (*run_http)(const bench_options&) = nullptr;
 };
 
-/// "sieve / mooncake_hash / hybrid": what P is made of, read from the policies themselves.
+/// "sieve / mooncake_hash / hybrid / load_aware": what P is made of, read from the policies themselves.
 template <class P>
 std::string describe() {
   std::string d(P::eviction::kName);
@@ -31,6 +31,8 @@ std::string describe() {
   d += P::shard_hash::kName;
   d += " / ";
   d += P::idle::kName;
+  d += " / ";
+  d += P::path::kName;
   return d;
 }
 
@@ -40,5 +42,6 @@ std::string describe() {
 void add_default_sets(std::vector<policy_entry>& out);
 void add_eviction_sets(std::vector<policy_entry>& out);
 void add_idle_and_hash_sets(std::vector<policy_entry>& out);
+void add_path_sets(std::vector<policy_entry>& out);
 
 }  // namespace tide::bench

@@ -8,11 +8,13 @@
 namespace tide::bench {
 namespace {
 
-/// Mooncake's choices: its SIEVE variant, its shard formula, its spin-then-sleep workers.
+/// Mooncake's choices: its SIEVE variant, its shard formula, its spin-then-sleep
+/// workers, one random preferred NIC per request.
 struct mooncake_policies : default_policies {
   using eviction = policy::mooncake_sieve;
   using shard_hash = policy::mooncake_hash;
   using idle = policy::hybrid;
+  using path = policy::mooncake_random;
 };
 
 }  // namespace
@@ -29,6 +31,7 @@ std::vector<policy_entry> policy_registry() {
   add_default_sets(out);
   add_eviction_sets(out);
   add_idle_and_hash_sets(out);
+  add_path_sets(out);
   return out;
 }
 

@@ -51,7 +51,21 @@ std::string format_report(const summary& s, const run_figures& f, const bench_op
                 static_cast<unsigned long long>(o.block_size), o.batch_size, o.threads, o.policy.c_str(),
                 s.requests_per_s, static_cast<unsigned long long>(f.failed_requests), s.p50_us, s.p99_us,
                 s.p999_us, f.cpu_seconds, s.cpu_s_per_gb);
-  return buf;
+  std::string out = buf;
+  std::uint64_t all = 0;
+  for (const auto& n : f.nics) all += n.bytes;
+  for (const auto& n : f.nics) {
+    std::snprintf(buf, sizeof buf, "  nic %s: %.1f MB (%.1f %%), %llu WRs, %llu errors\n", n.name.c_str(),
+                  static_cast<double>(n.bytes) / 1e6, all ? 100.0 * static_cast<double>(n.bytes) / static_cast<double>(all) : 0.0,
+                  static_cast<unsigned long long>(n.wrs), static_cast<unsigned long long>(n.errors));
+    out += buf;
+  }
+  for (const auto& r : f.rails) {
+    std::snprintf(buf, sizeof buf, "  rail %s -> %s: %s, %llu failures, %llu pauses\n", r.local.c_str(), r.peer.c_str(),
+                  r.state.c_str(), static_cast<unsigned long long>(r.failures), static_cast<unsigned long long>(r.pauses));
+    out += buf;
+  }
+  return out;
 }
 
 std::string format_json(const summary& s, const run_figures& f, const bench_options& o) {
@@ -76,6 +90,12 @@ std::string format_json(const summary& s, const run_figures& f, const bench_opti
       {"cpu_seconds", f.cpu_seconds},
       {"cpu_s_per_gb", s.cpu_s_per_gb},
   };
+  j["nics"] = nlohmann::json::array();
+  for (const auto& n : f.nics)
+    j["nics"].push_back({{"name", n.name}, {"bytes", n.bytes}, {"wrs", n.wrs}, {"errors", n.errors}});
+  j["rails"] = nlohmann::json::array();
+  for (const auto& r : f.rails)
+    j["rails"].push_back({{"local", r.local}, {"peer", r.peer}, {"state", r.state}, {"failures", r.failures}, {"pauses", r.pauses}});
   return j.dump(2) + "\n";
 }
 

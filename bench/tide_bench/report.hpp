@@ -12,6 +12,23 @@ namespace tide::bench {
 /// user + system CPU seconds of this process so far (getrusage).
 [[nodiscard]] double process_cpu_seconds() noexcept;
 
+/// What one local NIC moved in the measured window (engine->stats() deltas).
+struct nic_figures {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::uint64_t wrs = 0;
+  std::uint64_t errors = 0;
+};
+
+/// A rail that failed at some point, as it stood at the end.
+struct rail_figures {
+  std::string local;
+  std::string peer;
+  std::string state;  ///< healthy, paused, probing
+  std::uint64_t failures = 0;
+  std::uint64_t pauses = 0;
+};
+
 struct run_figures {
   std::uint64_t bytes = 0;        ///< completed payload bytes
   std::uint64_t requests = 0;     ///< completed requests (blocks)
@@ -19,6 +36,8 @@ struct run_figures {
   double seconds = 0;             ///< wall time of the measured window
   double cpu_seconds = 0;         ///< process CPU time in the window (all threads)
   std::vector<double> batch_latency_us;  ///< one entry per completed batch
+  std::vector<nic_figures> nics;         ///< per local NIC, so spraying and failover show
+  std::vector<rail_figures> rails;
 };
 
 struct summary {

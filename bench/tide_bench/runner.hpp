@@ -196,6 +196,7 @@ int run_initiator(const bench_options& o) {
   std::vector<std::thread> threads;
   for (std::uint32_t t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
   while (warmed_up.load() < o.threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto nics0 = engine.stats().nics;  // after warm-up: the window's deltas only
   const double cpu0 = process_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   go = true;
@@ -228,6 +229,15 @@ int run_initiator(const bench_options& o) {
   f.requests = requests;
   f.failed_requests = failed;
   f.batch_latency_us = std::move(latencies);
+  const auto end_stats = engine.stats();
+  for (std::size_t i = 0; i < end_stats.nics.size(); ++i) {
+    const auto& n = end_stats.nics[i];
+    const auto* before = i < nics0.size() ? &nics0[i] : nullptr;
+    f.nics.push_back({n.name, n.bytes - (before ? before->bytes : 0), n.wrs - (before ? before->wrs : 0),
+                      n.errors - (before ? before->errors : 0)});
+  }
+  for (const auto& r : end_stats.rails)
+    f.rails.push_back({r.local, r.peer, std::string(rdma::plan::to_string(r.state.phase)), r.state.failures, r.state.pauses});
   const auto s = summarize(f, o);
   std::cout << format_report(s, f, o);
   if (!o.json_path.empty()) {

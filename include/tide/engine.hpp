@@ -49,10 +49,16 @@ struct engine_config {
   std::string metadata = "P2PHANDSHAKE";
   std::string cluster_id;                  ///< optional metadata key prefix
   std::vector<std::string> devices;        ///< NICs to use; empty = every HCA
+  /// QPs per endpoint = lanes (worker threads, each with its own CQ) per
+  /// context: lane i owns QP i of every endpoint.  Mooncake's
+  /// MC_NUM_QP_PER_EP; both ends must use the same value (the handshake
+  /// rejects a mismatch), so keep 2 to talk to a default Mooncake peer.
   std::uint32_t num_qp_per_ep = 2;
   std::size_t slice_size = 65536;
   std::size_t fragment_limit = 16384;
-  std::size_t workers_per_context = 2;
+  /// 0 (default): num_qp_per_ep lanes.  Any other value must equal
+  /// num_qp_per_ep (config_invalid otherwise): a lane owns one QP per endpoint.
+  std::size_t workers_per_context = 0;
   std::size_t endpoint_capacity = 256;     ///< endpoints per context before eviction
   int gid_index = -1;                      ///< -1: automatic
   int mtu = 4096;                          ///< path MTU cap (bytes)
@@ -84,6 +90,27 @@ struct engine_config {
   std::string etcd_password_file;
   /// http metadata: bearer token file for tide-metadata-server's PUT/DELETE.
   std::string metadata_token_file;
+  /// Completion-queue entries per lane (clamped to the device's max_cqe).  A
+  /// lane never has more WRs outstanding than this, across all its QPs.
+  int max_cqe = 4096;
+  /// Send queue depth per QP (max_send_wr; clamped to the device's max_qp_wr).
+  std::uint32_t max_wr = 256;
+  /// Outstanding RDMA READs per QP, each way (clamped to the device).
+  std::uint8_t max_rd_atomic = 16;
+  /// WRITEs up to this many bytes go inline (the QP's granted size rules).
+  std::uint32_t max_inline = 64;
+  /// Every Nth WR is signaled (and the last of each post); at most max_wr / 2.
+  std::uint32_t signal_interval = 16;
+  /// Slice planning (see <tide/rdma/plan/slice_planner.hpp>): WRs per request
+  /// before slices grow past slice_size (TENT's 32 / 64), and whether
+  /// requests contiguous at both ends share WRs.
+  std::uint32_t max_wrs_write = 32;
+  std::uint32_t max_wrs_read = 64;
+  bool coalesce_requests = true;
+  /// A failing (local NIC, peer NIC) rail pauses this long, doubling on each
+  /// failed probe up to rail_max_cooldown.
+  std::chrono::milliseconds rail_cooldown{100};
+  std::chrono::milliseconds rail_max_cooldown{10000};
 
   /// Applies TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
@@ -106,6 +133,9 @@ struct metadata_of<P> {
   using type = typename P::metadata;
 };
 }  // namespace detail
+
+/// What engine->stats() returns (see <tide/rdma/plan/nic_load.hpp>).
+using engine_stats = rdma::plan::transport_stats;
 
 /// A buffer for the batch registration calls.
 struct buffer_entry {
@@ -179,6 +209,11 @@ class transfer_engine {
   [[nodiscard]] std::vector<notify_desc> take_notifies();
 
   [[nodiscard]] rdma::rdma_transport<P>& transport() noexcept { return *transport_; }
+
+  /// Per NIC: bytes, WRs, errors, bytes in flight, bandwidth estimate; and
+  /// every rail that has failed, with its state (healthy, paused, probing).
+  /// Any thread; not for the hot path (copies names).
+  [[nodiscard]] engine_stats stats() const { return transport_->stats(); }
 
  private:
   struct impl;

@@ -71,6 +71,7 @@ enum class errc : int {
   verbs_failed,             ///< another verbs call failed; see the detail
   context_inactive,         ///< the context was disabled after device or port errors
   permission_denied,        ///< e.g. memlock limit too low to pin memory
+  completion_queue_error,   ///< a CQ overran or failed (IBV_EVENT_CQ_ERR, ibv_poll_cq < 0): its QPs fail, it is rebuilt
 
   // --- metadata: the view of remote segments is affected ---
   metadata_malformed = 400, ///< a descriptor does not parse or validate; the detail names the field

@@ -21,11 +21,15 @@
 #include <tide/policy/fifo.hpp>
 #include <tide/policy/hybrid.hpp>
 #include <tide/policy/idle.hpp>
+#include <tide/policy/load_aware.hpp>
 #include <tide/policy/lru.hpp>
 #include <tide/policy/mix_hash.hpp>
 #include <tide/policy/mooncake_hash.hpp>
+#include <tide/policy/mooncake_random.hpp>
 #include <tide/policy/p2p.hpp>
+#include <tide/policy/path.hpp>
 #include <tide/policy/peer_path_hash.hpp>
+#include <tide/policy/round_robin.hpp>
 #include <tide/policy/shard_hash.hpp>
 #include <tide/policy/sieve.hpp>
 
@@ -59,6 +63,14 @@ struct default_policies {
   /// outgrows one box (or shares an etcd with Mooncake peers); http for
   /// Mooncake's metadata server protocol; in_process for tests.
   using metadata = policy::p2p;
+
+  /// Which (local NIC, peer NIC) rail carries each work request.
+  /// load_aware: scored by bytes in flight over measured bandwidth and NUMA
+  /// tier, large requests split across NICs so they finish together.
+  /// round_robin when the NICs are equal and equally loaded; mooncake_random
+  /// to behave like Mooncake classic (one random preferred NIC per request).
+  /// Rail health (pause, cooldown, retry elsewhere) applies under each.
+  using path = policy::load_aware;
 };
 
 namespace detail {
@@ -95,6 +107,20 @@ consteval bool idle_ok() {
   if constexpr (idle_present<P>()) return idle_strategy<typename P::idle>;
   return false;
 }
+template <class P>
+consteval bool path_present() {
+  return requires { typename P::path; };
+}
+template <class P>
+consteval bool path_shaped() {
+  if constexpr (path_present<P>()) return path_policy_shape<typename P::path>;
+  return false;
+}
+template <class P>
+consteval bool path_ok() {
+  if constexpr (path_present<P>()) return path_policy<typename P::path>;
+  return false;
+}
 // metadata is checked when present: every set derived from default_policies
 // has it, and transfer_engine falls back to policy::p2p for one that does not.
 template <class P>
@@ -108,7 +134,7 @@ consteval bool metadata_ok() {
 /// True when every member of P models its axis's concept.
 template <class P>
 concept policy_set = detail::eviction_ok<P>() && detail::shard_hash_ok<P>() && detail::idle_ok<P>() &&
-                     detail::metadata_ok<P>();
+                     detail::metadata_ok<P>() && detail::path_ok<P>();
 
 /// Fails to compile, with a message saying what to change, unless P is a
 /// policy set; returns true otherwise.  Use: static_assert(check_policy_set<P>());
@@ -140,6 +166,14 @@ consteval bool check_policy_set() {
                 "policy set: `metadata` must be a metadata backend: constructible from "
                 "tide::metadata_config, with kName, get_segment, put_segment, remove_segment "
                 "(see <tide/metadata/backend.hpp>), e.g. tide::policy::p2p");
+  static_assert(detail::path_present<P>(),
+                "policy set: no `path` member; derive from tide::default_policies or add "
+                "`using path = tide::policy::load_aware;` (or round_robin, mooncake_random)");
+  static_assert(!detail::path_present<P>() || detail::path_shaped<P>(),
+                "policy set: `path` must name kName (see <tide/policy/path.hpp>), e.g. tide::policy::load_aware");
+  static_assert(!detail::path_shaped<P>() || detail::path_ok<P>(),
+                "policy set: `path` must be default constructible and offer `void assign(const tide::path_query&, "
+                "std::span<const std::uint32_t>, std::span<tide::path_choice>) noexcept` (see <tide/policy/path.hpp>)");
   return true;
 }
 

@@ -62,6 +62,7 @@ constexpr errc_text text_of(errc e) noexcept {
     case errc::verbs_failed: return {"verbs_failed", "a verbs call failed"};
     case errc::context_inactive: return {"context_inactive", "the device context is disabled"};
     case errc::permission_denied: return {"permission_denied", "permission denied (check ulimit -l)"};
+    case errc::completion_queue_error: return {"completion_queue_error", "a completion queue failed; its endpoints were failed and it was rebuilt"};
     case errc::metadata_malformed: return {"metadata_malformed", "a metadata descriptor is malformed"};
     case errc::metadata_unavailable: return {"metadata_unavailable", "the metadata backend cannot be reached"};
     case errc::segment_not_found: return {"segment_not_found", "no descriptor for that segment"};

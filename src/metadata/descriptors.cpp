@@ -346,6 +346,7 @@ std::string encode_handshake(const handshake_desc& d) {
   if (d.ready_ack) j["ready_ack"] = *d.ready_ack;
   j["reply_msg"] = d.reply_msg;
   if (d.mtu) j["mtu"] = *d.mtu;
+  if (d.psn) j["psn"] = keys_json(*d.psn);
   return dump_line(j);
 }
 
@@ -382,6 +383,15 @@ result<handshake_desc> decode_handshake(std::string_view text) try {
       return malformed("mtu", "must be 256, 512, 1024, 2048 or 4096, got " + std::to_string(mtu));
     }
     d.mtu = static_cast<std::uint32_t>(mtu);
+  }
+  if (const json* v = f.find("psn")) {
+    std::vector<std::uint32_t> psn;
+    TIDE_TRY_ASSIGN(psn, read_u32_array(*v, "psn"));
+    for (auto x : psn)
+      if (x > 0xffffffu) return malformed("psn", "a PSN has 24 bits, got " + std::to_string(x));
+    if (psn.size() != d.qp_num.size())
+      return malformed("psn", std::to_string(psn.size()) + " PSNs for " + std::to_string(d.qp_num.size()) + " QPs");
+    d.psn = std::move(psn);
   }
   return d;
 } catch (const std::exception& e) {

@@ -1,13 +1,22 @@
 #include <tide/detail/log.hpp>
+#include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/verbs/device.hpp>
 
 #include <algorithm>
+#include <random>
 
 namespace tide::rdma {
 namespace {
 
 constexpr std::size_t kMaxChain = 32;  // WRs per ibv_post_send
+
+// A random 24-bit initial PSN (finding 19: a QP reused with PSN 0 could accept
+// a stale packet of its previous life).  Setup path.
+std::uint32_t random_psn() {
+  thread_local std::mt19937 gen{std::random_device{}()};
+  return gen() & 0xffffffu;
+}
 
 }  // namespace
 
@@ -16,6 +25,7 @@ std::string_view to_string(endpoint_state s) noexcept {
     case endpoint_state::initializing: return "INITIALIZING";
     case endpoint_state::unconnected: return "UNCONNECTED";
     case endpoint_state::connecting: return "CONNECTING";
+    case endpoint_state::establishing: return "ESTABLISHING";
     case endpoint_state::connected_wait_ready_ack: return "CONNECTED_WAIT_READY_ACK";
     case endpoint_state::connected: return "CONNECTED";
     case endpoint_state::destroying: return "DESTROYING";
@@ -24,22 +34,27 @@ std::string_view to_string(endpoint_state s) noexcept {
   return "?";
 }
 
-endpoint::endpoint(const endpoint_params& params, std::string peer, std::uint32_t cq_index)
-    : params_(params), peer_nic_path_(std::move(peer)), cq_index_(cq_index) {}
+endpoint::endpoint(const endpoint_params& params, std::string peer)
+    : params_(params), peer_nic_path_(std::move(peer)) {}
 
-result<std::unique_ptr<endpoint>> endpoint::create(const endpoint_params& params, const verbs::completion_queue& cq,
-                                                   std::string peer_nic_path, std::uint32_t cq_index) {
-  if (params.num_qp == 0 || params.num_qp > 255)
-    return fail(errc::config_invalid, "num_qp_per_ep must be 1..255, got " + std::to_string(params.num_qp));
-  std::unique_ptr<endpoint> ep(new endpoint(params, std::move(peer_nic_path), cq_index));
+result<std::unique_ptr<endpoint>> endpoint::create(const endpoint_params& params,
+                                                   std::span<const std::shared_ptr<verbs::completion_queue>> cqs,
+                                                   std::string peer_nic_path) {
+  if (params.num_qp == 0 || params.num_qp > 255 || cqs.size() != params.num_qp)
+    return fail(errc::config_invalid, "num_qp_per_ep (lanes) must be 1..255 with one CQ per lane, got " +
+                                          std::to_string(params.num_qp) + " QPs and " + std::to_string(cqs.size()) +
+                                          " CQs");
+  std::unique_ptr<endpoint> ep(new endpoint(params, std::move(peer_nic_path)));
+  ep->cqs_.assign(cqs.begin(), cqs.end());
   ep->qps_.reserve(params.num_qp);
   for (std::uint32_t i = 0; i < params.num_qp; ++i) {
-    auto qp = verbs::queue_pair::create(*params.pd, cq, cq, params.caps);
+    auto qp = verbs::queue_pair::create(*params.pd, *cqs[i], *cqs[i], params.caps);
     if (!qp) return fail(qp.error());
+    ep->qp_nums_.push_back(qp->qp_num());
+    ep->local_psn_.push_back(random_psn());
     ep->qps_.push_back(std::move(*qp));
   }
-  ep->qp_depth_.reset(new std::atomic<std::uint32_t>[params.num_qp]);
-  for (std::uint32_t i = 0; i < params.num_qp; ++i) ep->qp_depth_[i].store(0, std::memory_order_relaxed);
+  ep->lanes_ = std::make_unique<lane_qp[]>(params.num_qp);
   ep->state_.store(endpoint_state::unconnected, std::memory_order_release);
   return ep;
 }
@@ -47,30 +62,21 @@ result<std::unique_ptr<endpoint>> endpoint::create(const endpoint_params& params
 endpoint::~endpoint() {
   if (outstanding() != 0)
     TIDE_LOG_WARN("endpoint " << params_.local_nic_path << " -> " << peer_nic_path_ << " destroyed with "
-                              << outstanding() << " WRs outstanding");
-  {
-    std::lock_guard lock(qp_mu_);
-    for (auto& qp : qps_)
-      if (auto r = qp.to_error(); !r) TIDE_LOG_DEBUG("endpoint " << peer_nic_path_ << ": " << r.error().message());
-  }
+                              << outstanding() << " WRs or lane messages outstanding");
   state_.store(endpoint_state::destroyed, std::memory_order_release);
 }
 
 void endpoint::on_evict() noexcept {
-  std::lock_guard lock(qp_mu_);
-  const auto s = state_.load(std::memory_order_acquire);
-  if (s != endpoint_state::destroyed) state_.store(endpoint_state::destroying, std::memory_order_release);
+  state_.store(endpoint_state::destroying, std::memory_order_release);
+  if (params_.retire) params_.retire(*this);
 }
 
-std::vector<std::uint32_t> endpoint::qp_nums() const {
-  std::vector<std::uint32_t> v;
-  v.reserve(qps_.size());
-  for (const auto& qp : qps_) v.push_back(qp.qp_num());
-  return v;
-}
+std::vector<std::uint32_t> endpoint::qp_nums() const { return qp_nums_; }
 
-bool endpoint::owns_qp(std::uint32_t qp_num) const noexcept {
-  return std::any_of(qps_.begin(), qps_.end(), [&](const auto& qp) { return qp.qp_num() == qp_num; });
+int endpoint::lane_of_qp(std::uint32_t qp_num) const noexcept {
+  for (std::size_t i = 0; i < qp_nums_.size(); ++i)
+    if (qp_nums_[i] == qp_num) return static_cast<int>(i);
+  return -1;
 }
 
 handshake_desc endpoint::local_desc(bool with_ready_ack) const {
@@ -81,142 +87,66 @@ handshake_desc endpoint::local_desc(bool with_ready_ack) const {
   gid_bytes g;
   g.raw = params_.local_gid.raw;
   d.local_gid = g;
-  d.qp_num = qp_nums();
+  d.qp_num = qp_nums_;
   if (with_ready_ack) d.ready_ack = false;
   d.mtu = static_cast<std::uint32_t>(verbs::mtu_bytes(params_.mtu));
+  d.psn = local_psn_;
   return d;
 }
 
-status endpoint::prepare_locked() {
-  for (auto& qp : qps_) {
-    if (auto r = qp.to_reset(); !r) return r;
-    if (auto r = qp.to_init(params_.port); !r) return r;
-  }
-  for (std::uint32_t i = 0; i < qps_.size(); ++i) qp_depth_[i].store(0, std::memory_order_relaxed);
-  return {};
-}
-
-status endpoint::connect_qps_locked(const handshake_desc& peer) {
+result<peer_route> endpoint::route_to(const handshake_desc& peer) const {
   if (peer.qp_num.size() != qps_.size())
     return fail(errc::qp_count_mismatch, "QP count mismatch: " + params_.local_nic_path + " has " +
-                                             std::to_string(qps_.size()) + ", " + peer.local_nic_path + " has " +
-                                             std::to_string(peer.qp_num.size()));
-  if (!peer.local_gid)
-    return fail(errc::handshake_rejected, "peer " + peer.local_nic_path + " sent no GID");
-  const ibv_mtu peer_mtu = peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(params_.mtu) : params_.mtu;
-  const ibv_mtu mtu = verbs::path_mtu(params_.mtu, peer_mtu);
-  verbs::remote_qp rq;
-  rq.dgid.raw = peer.local_gid->raw;
-  rq.lid = peer.local_lid;
-  rq.path_mtu = mtu;
-  rq.sgid_index = params_.gid_index;
-  rq.port = params_.port;
-  for (std::size_t i = 0; i < qps_.size(); ++i) {
-    rq.qp_num = peer.qp_num[i];
-    if (auto r = qps_[i].to_rtr(rq, params_.rc); !r) return r;
-    if (auto r = qps_[i].to_rts(params_.rc); !r) return r;
-  }
-  peer_qp_nums_ = peer.qp_num;
-  agreed_mtu_.store(verbs::mtu_bytes(mtu), std::memory_order_relaxed);
+                                             std::to_string(qps_.size()) + " (num_qp_per_ep = lanes), " +
+                                             peer.local_nic_path + " has " + std::to_string(peer.qp_num.size()));
+  if (!peer.local_gid) return fail(errc::handshake_rejected, "peer " + peer.local_nic_path + " sent no GID");
+  // A peer without tide's mtu field (Mooncake) gets 1024, the smallest MTU
+  // every RoCE/IB port runs (finding 19: assuming our own MTU fails RC on a
+  // peer whose port is smaller).
+  const ibv_mtu peer_mtu =
+      peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(IBV_MTU_1024) : IBV_MTU_1024;
+  peer_route r;
+  r.base.dgid.raw = peer.local_gid->raw;
+  r.base.lid = peer.local_lid;
+  r.base.path_mtu = verbs::path_mtu(params_.mtu, peer_mtu);
+  r.base.sgid_index = params_.gid_index;
+  r.base.port = params_.port;
+  r.qp_num = peer.qp_num;
+  r.own_psn = peer.psn.has_value() && peer.psn->size() == peer.qp_num.size();
+  r.rq_psn = r.own_psn ? *peer.psn : std::vector<std::uint32_t>(peer.qp_num.size(), 0);
+  return r;
+}
+
+void endpoint::set_peer(const peer_route& r) {
+  peer_qp_nums_ = r.qp_num;
+  agreed_mtu_.store(verbs::mtu_bytes(r.base.path_mtu), std::memory_order_relaxed);
+}
+
+status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
+  lane_qp& l = lanes_[i];
+  auto& qp = qps_[i];
+  if (auto s = qp.to_reset(); !s) return s;
+  l.rts = false;
+  l.errored = false;
+  if (auto s = qp.to_init(params_.port); !s) return s;
+  verbs::remote_qp rq = r.base;
+  rq.qp_num = r.qp_num[i];
+  rq.rq_psn = r.rq_psn[i];
+  verbs::rc_params rc = params_.rc;
+  rc.sq_psn = r.own_psn ? local_psn_[i] : 0;
+  if (auto s = qp.to_rtr(rq, rc); !s) return s;
+  if (auto s = qp.to_rts(rc); !s) return s;
+  l.since_signal = 0;
+  l.rts = true;
   return {};
 }
 
-status endpoint::connect(const handshake_sender& send) {
-  std::lock_guard setup(setup_mu_);
-  handshake_desc request;
-  {
-    std::lock_guard lock(qp_mu_);
-    const auto s = state_.load(std::memory_order_acquire);
-    if (s == endpoint_state::connected || s == endpoint_state::connected_wait_ready_ack) return {};
-    if (s == endpoint_state::destroying || s == endpoint_state::destroyed)
-      return fail(errc::endpoint_closed, params_.local_nic_path + " -> " + peer_nic_path_ + " is closed");
-    if (auto r = prepare_locked(); !r) return r;
-    state_.store(endpoint_state::connecting, std::memory_order_release);
-    request = local_desc(/*with_ready_ack=*/true);
-  }
-  auto reply = send(peer_nic_path_, request);
-  bool send_ack = false;
-  {
-    std::lock_guard lock(qp_mu_);
-    const auto s = state_.load(std::memory_order_acquire);
-    // The peer's own request got here first and we accepted it (simultaneous open).
-    if (s == endpoint_state::connected || s == endpoint_state::connected_wait_ready_ack) return {};
-    if (s != endpoint_state::connecting)
-      return fail(errc::endpoint_closed, params_.local_nic_path + " -> " + peer_nic_path_ + " closed while connecting");
-    auto unconnected = [&] { state_.store(endpoint_state::unconnected, std::memory_order_release); };
-    if (!reply) {
-      unconnected();
-      return fail(reply.error());
-    }
-    if (!reply->reply_msg.empty()) {
-      unconnected();
-      return fail(errc::handshake_rejected, peer_nic_path_ + " rejected the connection: " + reply->reply_msg);
-    }
-    if (reply->local_nic_path != peer_nic_path_ || reply->peer_nic_path != params_.local_nic_path) {
-      unconnected();
-      return fail(errc::handshake_rejected, "peer nic path inconsistency: expected " + peer_nic_path_ + " -> " +
-                                                params_.local_nic_path + ", got " + reply->local_nic_path + " -> " +
-                                                reply->peer_nic_path);
-    }
-    if (auto r = connect_qps_locked(*reply); !r) {
-      unconnected();
-      return r;
-    }
-    state_.store(endpoint_state::connected, std::memory_order_release);
-    send_ack = reply->ready_ack.has_value();
-  }
-  if (send_ack) {
-    auto ack = local_desc(true);
-    ack.ready_ack = true;
-    auto r = send(peer_nic_path_, ack);
-    if (!r || !r->reply_msg.empty())
-      TIDE_LOG_WARN("ready ack to " << peer_nic_path_ << " failed: "
-                                    << (r ? r->reply_msg : r.error().message()) << " (the peer times out and proceeds)");
-  }
-  return {};
-}
-
-std::optional<handshake_desc> endpoint::accept(const handshake_desc& request) {
-  std::lock_guard lock(qp_mu_);
-  handshake_desc reply = local_desc(/*with_ready_ack=*/true);
-  auto reject = [&](std::string why) {
-    reply.reply_msg = std::move(why);
-    return reply;
-  };
-  if (request.qp_num.size() != qps_.size())
-    return reject("QP count mismatch: " + params_.local_nic_path + " has " + std::to_string(qps_.size()) + ", " +
-                  request.local_nic_path + " sent " + std::to_string(request.qp_num.size()));
-  const auto s = state_.load(std::memory_order_acquire);
-  if (s == endpoint_state::destroying || s == endpoint_state::destroyed) return std::nullopt;
-  if ((s == endpoint_state::connected || s == endpoint_state::connected_wait_ready_ack) &&
-      request.qp_num == peer_qp_nums_)
-    return reply;  // a duplicate: keep the connection
-  if (s == endpoint_state::connecting && params_.local_nic_path < peer_nic_path_)
-    return reject("simultaneous open: " + params_.local_nic_path + " connects as the active side");
-  if ((s == endpoint_state::connected || s == endpoint_state::connected_wait_ready_ack) && outstanding() != 0)
-    return std::nullopt;  // the peer reconnected with new QPs: retire this one
-  if (auto r = prepare_locked(); !r) return reject(r.error().message());
-  if (auto r = connect_qps_locked(request); !r) {
-    state_.store(endpoint_state::unconnected, std::memory_order_release);
-    return reject(r.error().message());
-  }
-  if (request.ready_ack.has_value()) {
-    ack_deadline_ = std::chrono::steady_clock::now() + params_.ready_ack_timeout;
-    state_.store(endpoint_state::connected_wait_ready_ack, std::memory_order_release);
-  } else {
-    state_.store(endpoint_state::connected, std::memory_order_release);
-  }
-  return reply;
-}
-
-std::string endpoint::on_ready_ack(const handshake_desc& ack) {
-  std::lock_guard lock(qp_mu_);
-  const auto s = state_.load(std::memory_order_acquire);
-  if (s != endpoint_state::connected && s != endpoint_state::connected_wait_ready_ack)
-    return "Received RDMA ready ACK for unconnected endpoint";
-  if (ack.qp_num != peer_qp_nums_) return "Received stale RDMA ready ACK with mismatched peer QP numbers";
-  state_.store(endpoint_state::connected, std::memory_order_release);
-  return {};
+void endpoint::lane_error(std::uint32_t i) noexcept {
+  lane_qp& l = lanes_[i];
+  if (l.errored) return;
+  l.errored = true;
+  l.rts = false;
+  if (auto r = qps_[i].to_error(); !r) TIDE_LOG_WARN("endpoint " << peer_nic_path_ << ": " << r.error().message());
 }
 
 bool endpoint::ready() noexcept {
@@ -224,80 +154,106 @@ bool endpoint::ready() noexcept {
   if (s == endpoint_state::connected) [[likely]]
     return true;
   if (s != endpoint_state::connected_wait_ready_ack) return false;
-  std::lock_guard lock(qp_mu_);
-  if (std::chrono::steady_clock::now() < ack_deadline_) return false;
-  TIDE_LOG_WARN("no ready ack from " << peer_nic_path_ << "; using the connection anyway");
-  auto expected = endpoint_state::connected_wait_ready_ack;
-  state_.compare_exchange_strong(expected, endpoint_state::connected, std::memory_order_acq_rel);
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < ack_deadline_ns_.load(std::memory_order_acquire)) return false;
+  if (transition(endpoint_state::connected_wait_ready_ack, endpoint_state::connected))
+    TIDE_LOG_WARN("no ready ack from " << peer_nic_path_ << "; using the connection anyway");
   return state_.load(std::memory_order_acquire) == endpoint_state::connected;
 }
 
-errc endpoint::post(detail::slice*& chain, std::size_t& posted_total, std::size_t& bytes) noexcept {
-  if (state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
+errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credits, std::size_t& posted_total,
+                    std::size_t& bytes) noexcept {
+  lane_qp& l = lanes_[i];
+  if (!l.rts || state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
     return errc::endpoint_closed;
+  const std::uint32_t depth = params_.caps.max_send_wr;
+  l.ring.reserve(depth);
+  const std::uint32_t sq_free = depth - std::min(depth, l.ring.size());
+  const std::size_t n = std::min<std::size_t>({kMaxChain, sq_free, credits});
+  if (n == 0 || chain == nullptr) return errc::ok;
+  const std::uint32_t max_inline = qps_[i].caps().max_inline_data;
+  const std::uint32_t interval = params_.signal_interval;
   ibv_send_wr wrs[kMaxChain];
   ibv_sge sges[kMaxChain];
-  const auto nqp = static_cast<std::uint32_t>(qps_.size());
-  const std::uint32_t max_wr = params_.caps.max_send_wr;
-  for (std::uint32_t tried = 0; chain != nullptr && tried < nqp; ++tried) {
-    const std::uint32_t q = next_qp_;
-    next_qp_ = (next_qp_ + 1) % nqp;
-    const std::uint32_t depth = qp_depth_[q].load(std::memory_order_relaxed);
-    if (depth >= max_wr) continue;
-    std::size_t n = std::min<std::size_t>(kMaxChain, max_wr - depth);
-    std::size_t k = 0;
-    detail::slice* s = chain;
-    for (; s != nullptr && k < n; s = s->next, ++k) {
-      sges[k] = {s->local_addr, s->length, s->lkey};
-      ibv_send_wr& wr = wrs[k];
-      wr = {};
-      wr.wr_id = reinterpret_cast<std::uint64_t>(s);
-      wr.opcode = s->op == transfer_op::read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-      wr.sg_list = &sges[k];
-      wr.num_sge = 1;
+  detail::slice* slices[kMaxChain];
+  std::size_t k = 0;
+  std::size_t chain_bytes = 0;
+  const std::uint32_t since_before = l.since_signal;
+  detail::slice* s = chain;
+  // Everything read from the slices is read here, before ibv_post_send: after
+  // it the NIC (and, through a completion, the batch roll-up) owns them.
+  for (; s != nullptr && k < n; s = s->next, ++k) {
+    sges[k] = {s->local_addr, s->length, s->lkey};
+    ibv_send_wr& wr = wrs[k];
+    wr = {};
+    wr.wr_id = reinterpret_cast<std::uint64_t>(s);
+    const bool write = s->op != transfer_op::read;
+    wr.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr.sg_list = &sges[k];
+    wr.num_sge = 1;
+    if (++l.since_signal >= interval) {
       wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr.rdma.remote_addr = s->remote_addr;
-      wr.wr.rdma.rkey = s->rkey;
-      wr.next = nullptr;
-      if (k != 0) wrs[k - 1].next = &wr;
-      s->ep = this;
-      s->qp = static_cast<std::uint8_t>(q);
+      l.since_signal = 0;
     }
-    // Count before posting: a completion may be polled before post_send returns.
-    qp_depth_[q].fetch_add(static_cast<std::uint32_t>(k), std::memory_order_relaxed);
-    outstanding_.fetch_add(k, std::memory_order_relaxed);
-    ibv_send_wr* bad = nullptr;
-    const errc e = qps_[q].post_send(wrs, &bad);
-    if (e != errc::ok) [[unlikely]] {
-      // WRs from `bad` on were not posted: give their accounting back and keep them queued.
-      std::size_t posted = bad != nullptr ? static_cast<std::size_t>(bad - wrs) : 0;
-      const std::size_t unposted = k - posted;
-      qp_depth_[q].fetch_sub(static_cast<std::uint32_t>(unposted), std::memory_order_relaxed);
-      outstanding_.fetch_sub(unposted, std::memory_order_relaxed);
-      for (std::size_t i = 0; i < posted; ++i) {
-        bytes += chain->length;
-        chain = chain->next;
-      }
-      posted_total += posted;
-      if (e == errc::would_block) continue;
-      return e;
-    }
-    for (detail::slice* p = chain; p != s; p = p->next) bytes += p->length;
-    posted_total += k;
-    chain = s;
+    if (write && s->length <= max_inline) wr.send_flags |= IBV_SEND_INLINE;
+    wr.wr.rdma.remote_addr = s->remote_addr;
+    wr.wr.rdma.rkey = s->rkey;
+    if (k != 0) wrs[k - 1].next = &wr;
+    s->ep = this;
+    s->qp = static_cast<std::uint8_t>(i);
+    chain_bytes += s->length;
+    slices[k] = s;
+    l.ring.push(s);
   }
+  wrs[k - 1].send_flags |= IBV_SEND_SIGNALED;  // the last WR of a post retires the ones before it
+  l.since_signal = 0;
+  outstanding_.fetch_add(k, std::memory_order_relaxed);
+  ibv_send_wr* bad = nullptr;
+  const errc e = qps_[i].post_send(wrs, &bad);
+  if (e != errc::ok) [[unlikely]] {
+    // WRs from `bad` on were not posted: they leave the ring and stay queued.
+    const std::size_t ok = bad != nullptr ? static_cast<std::size_t>(bad - wrs) : 0;
+    const std::size_t unposted = k - ok;
+    l.ring.unpush(static_cast<std::uint32_t>(unposted));
+    outstanding_.fetch_sub(unposted, std::memory_order_relaxed);
+    l.since_signal = since_before;
+    for (std::size_t j = 0; j < ok; ++j) bytes += sges[j].length;
+    posted_total += ok;
+    chain = slices[ok];  // never posted: still ours to read
+    // Nothing posted and the queue was full: try later.  Anything else (a
+    // prefix posted whose last WR may be unsignaled) fails the endpoint: its
+    // QP goes to ERR and the flush completions retire the prefix.
+    return e == errc::would_block && ok == 0 ? errc::ok : (e == errc::would_block ? errc::qp_state_error : e);
+  }
+  bytes += chain_bytes;
+  posted_total += k;
+  chain = s;
   return errc::ok;
 }
 
-void endpoint::disable() noexcept {
-  std::lock_guard lock(qp_mu_);
-  const auto s = state_.load(std::memory_order_acquire);
-  if (s == endpoint_state::destroyed || errored_) return;
-  errored_ = true;
-  state_.store(endpoint_state::destroying, std::memory_order_release);
-  for (auto& qp : qps_) {
-    if (auto r = qp.to_error(); !r) TIDE_LOG_WARN("endpoint " << peer_nic_path_ << ": " << r.error().message());
+std::uint32_t endpoint::complete_through(std::uint32_t i, const detail::slice* s) noexcept {
+  lane_qp& l = lanes_[i];
+  std::uint32_t n = 0;
+  while (!l.ring.empty()) {
+    detail::slice* f = l.ring.pop();
+    ++n;
+    if (f == s) break;
+    detail::retire_wr(*f, errc::ok);
   }
+  return n;
+}
+
+detail::slice* endpoint::take_ring(std::uint32_t i) noexcept {
+  lane_qp& l = lanes_[i];
+  detail::slice* head = nullptr;
+  detail::slice** link = &head;
+  while (!l.ring.empty()) {
+    detail::slice* f = l.ring.pop();
+    f->next = nullptr;
+    *link = f;
+    link = &f->next;
+  }
+  return head;
 }
 
 }  // namespace tide::rdma

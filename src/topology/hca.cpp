@@ -38,6 +38,7 @@ port_info scan_port(const fs::path& dir, int number) {
   port.active = port.state.find("ACTIVE") != std::string::npos && port.state.rfind("4", 0) == 0;
   port.link_layer = read_line(dir / "link_layer");
   port.lid = static_cast<std::uint16_t>(parse_int(read_line(dir / "lid"), 0));
+  port.rate = read_line(dir / "rate");
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir / "gids", ec)) {
     const auto idx_text = e.path().filename().string();

@@ -160,7 +160,11 @@ std::optional<async_event> context::next_async_event() noexcept {
     case IBV_EVENT_CLIENT_REREGISTER:
     case IBV_EVENT_GID_CHANGE: out.port_num = ev.element.port_num; break;
     case IBV_EVENT_DEVICE_FATAL: break;
-    default: out.qp = ev.element.qp; break;  // QP events (and WQ events, which name a wq in the same slot)
+    default:  // QP events (and WQ events, which name a wq in the same slot)
+      out.qp = ev.element.qp;
+      // Read before the ack: once acknowledged, the QP may be destroyed (finding 12).
+      if (ev.element.qp != nullptr && ev.event_type != IBV_EVENT_WQ_FATAL) out.qp_num = ev.element.qp->qp_num;
+      break;
   }
   ::ibv_ack_async_event(&ev);
   return out;

@@ -5,11 +5,13 @@
 // which proves the templates use nothing beyond the concepts.
 
 #include <tide/metadata/backend.hpp>
+#include <tide/policy/path.hpp>
 #include <tide/policy/shard_hash.hpp>
 #include <tide/result.hpp>
 
 #include <cstddef>
 #include <map>
+#include <span>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -68,6 +70,7 @@ struct shard_hash {
 class idle {
  public:
   static constexpr std::string_view kName = "archetype_idle";
+  static constexpr bool wakes_on_completion = false;
   struct config {};
   static result<idle> create(const config& /*cfg*/) { return idle{}; }
   status attach(ibv_cq* /*cq*/, ibv_comp_channel* /*channel*/) { return {}; }
@@ -115,7 +118,16 @@ class endpoint {
   bool evicted_ = false;
 };
 
+// Path: every WR on the first usable NIC's matched rail.
+struct path {
+  static constexpr std::string_view kName = "archetype_path";
+  void assign(const path_query& q, std::span<const std::uint32_t> /*wr_bytes*/, std::span<path_choice> out) noexcept {
+    for (auto& c : out) c = {0, q.nics[0].peer};
+  }
+};
+
 struct policies {
+  using path = archetypes::path;
   using eviction = archetypes::eviction;
   using shard_hash = archetypes::shard_hash;
   using idle = archetypes::idle;

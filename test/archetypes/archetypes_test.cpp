@@ -20,6 +20,7 @@ static_assert(tide::eviction_policy<arch::eviction>);
 static_assert(tide::shard_hash_policy<arch::shard_hash>);
 static_assert(tide::idle_strategy<arch::idle>);
 static_assert(tide::metadata_backend<arch::metadata>);
+static_assert(tide::path_policy<arch::path>);
 static_assert(tide::store_endpoint<arch::endpoint>);
 static_assert(tide::check_policy_set<arch::policies>());
 static_assert(tide::policy_set<arch::policies>);
@@ -42,6 +43,7 @@ static_assert(tide::policy_set<with_metadata>);
 struct no_eviction {
   using shard_hash = tide::policy::mix_hash;
   using idle = tide::policy::hybrid;
+  using path = tide::policy::load_aware;
 };
 static_assert(!tide::policy_set<no_eviction>);
 struct bad_eviction : tide::default_policies {
@@ -60,6 +62,24 @@ struct bad_metadata : tide::default_policies {
   using metadata = tide::policy::lru;
 };
 static_assert(!tide::policy_set<bad_metadata>);
+struct bad_path : tide::default_policies {
+  using path = tide::policy::mix_hash;
+};
+static_assert(!tide::policy_set<bad_path>);
+struct no_path {
+  using eviction = tide::policy::sieve;
+  using shard_hash = tide::policy::mix_hash;
+  using idle = tide::policy::hybrid;
+};
+static_assert(!tide::policy_set<no_path>);
+struct round_robin_paths : tide::default_policies {
+  using path = tide::policy::round_robin;
+};
+static_assert(tide::policy_set<round_robin_paths>);
+struct classic_paths : tide::default_policies {
+  using path = tide::policy::mooncake_random;
+};
+static_assert(tide::policy_set<classic_paths>);
 
 TEST_CASE("endpoint_store over the archetypes") {
   using store = tide::endpoint_store<arch::endpoint, arch::eviction>;

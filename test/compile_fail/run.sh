@@ -25,7 +25,7 @@ for f in "$here"/*.cpp; do
 done
 for h in "$root"/policies/tide/policy/*.hpp "$root"/policies/tide/policy/detail/*.hpp "$root"/include/tide/policies.hpp \
          "$root"/include/tide/rdma/endpoint_store.hpp "$root"/include/tide/detail/sharded_shared_mutex.hpp \
-         "$root"/include/tide/detail/string_hash.hpp; do
+         "$root"/include/tide/detail/string_hash.hpp "$root"/include/tide/rdma/plan/*.hpp; do
   rel=${h#"$root"/}
   inc=${rel#include/}; inc=${inc#policies/}
   if printf '#include <%s>\n#include <%s>\n' "$inc" "$inc" | "$@" $flags -Wall -Wextra -Wpedantic -Werror -x c++ - 2>/dev/null; then

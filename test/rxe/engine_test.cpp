@@ -48,7 +48,6 @@ tide::engine_config config_for(std::vector<std::string> devices) {
   tide::engine_config c;
   c.local_server_name = "127.0.0.1";
   c.devices = std::move(devices);
-  c.workers_per_context = 1;
   c.transfer_timeout = 60s;
   return c;
 }
@@ -456,7 +455,15 @@ TEST_CASE("an engine with both devices stripes slices over both") {
   MESSAGE(devs[0] << ": " << s0.slices_posted << " slices, " << devs[1] << ": " << s1.slices_posted << " slices");
   CHECK(s0.slices_posted > 0);
   CHECK(s1.slices_posted > 0);
-  CHECK(s0.slices_posted + s1.slices_posted == la.size / 65536);
+  // The planner's WR count (8 MiB WRITE: 32 WRs of 256 KiB), split over both NICs.
+  CHECK(s0.slices_posted + s1.slices_posted ==
+        tide::rdma::plan::wr_count_for(tide::rdma::plan::planner_config{}, la.size, transfer_op::write));
+  const auto st = a->stats();
+  REQUIRE(st.nics.size() == 2);
+  CHECK(st.nics[0].bytes > 0);
+  CHECK(st.nics[1].bytes > 0);
+  CHECK(st.nics[0].bytes + st.nics[1].bytes == la.size);
+  CHECK(st.nics[0].inflight_bytes + st.nics[1].inflight_bytes == 0);
 }
 
 TEST_CASE("endpoint capacity 2 with four peers in flight: no failure, evicted endpoints drained") {

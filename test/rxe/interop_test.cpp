@@ -58,7 +58,6 @@ struct fixture {
     c.metadata = meta.connection;
     c.cluster_id = std::move(cluster_id);
     c.devices = {devices[0]};
-    c.workers_per_context = 1;
     c.transfer_timeout = 60s;
     auto e = engine_type::create(c);
     REQUIRE_MESSAGE(e.has_value(), e.error());

@@ -44,6 +44,7 @@ struct fake_sysfs {
     write(dev / "ports/1/state", active ? "4: ACTIVE" : "1: DOWN");
     write(dev / "ports/1/link_layer", "Ethernet");
     write(dev / "ports/1/lid", "0x0");
+    write(dev / "ports/1/rate", "100 Gb/sec (4X EDR)");
     write(dev / "ports/1/gids/0", "fe80:0000:0000:0000:5054:00ff:fe12:3456");
     write(dev / "ports/1/gids/1", "0000:0000:0000:0000:0000:ffff:0a2f:0001");
     write(dev / "ports/1/gids/2", "0000:0000:0000:0000:0000:0000:0000:0000");
@@ -120,6 +121,7 @@ TEST_CASE("sysfs scan reads NUMA node, PCI path, ports and GIDs from a fake tree
   CHECK_FALSE(port.active);
   CHECK((*hcas)[0].ports[0].active);
   CHECK(port.link_layer == "Ethernet");
+  CHECK(port.rate == "100 Gb/sec (4X EDR)");
   REQUIRE(port.gids.size() == 2);  // the zero GID is skipped
   CHECK(port.gids[0].index == 0);
   CHECK_FALSE(port.gids[0].is_ipv4_mapped());

@@ -124,7 +124,20 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.context.gid_index = e->cfg_.gid_index;
   tc.context.mtu_cap = e->cfg_.mtu;
   tc.context.num_qp_per_ep = e->cfg_.num_qp_per_ep;
-  tc.context.workers = e->cfg_.workers_per_context;
+  if (e->cfg_.workers_per_context != 0 && e->cfg_.workers_per_context != e->cfg_.num_qp_per_ep)
+    return fail(errc::config_invalid, "workers_per_context (" + std::to_string(e->cfg_.workers_per_context) +
+                                          ") must be 0 or equal num_qp_per_ep (" +
+                                          std::to_string(e->cfg_.num_qp_per_ep) + "): a lane owns one QP per endpoint");
+  if (e->cfg_.max_cqe < 1) return fail(errc::config_invalid, "max_cqe must be >= 1");
+  if (e->cfg_.max_wr < 1) return fail(errc::config_invalid, "max_wr must be >= 1");
+  if (e->cfg_.max_rd_atomic < 1) return fail(errc::config_invalid, "max_rd_atomic must be >= 1");
+  if (e->cfg_.signal_interval < 1) return fail(errc::config_invalid, "signal_interval must be >= 1");
+  tc.context.max_cqe = e->cfg_.max_cqe;
+  tc.context.caps.max_send_wr = e->cfg_.max_wr;
+  tc.context.caps.max_inline_data = e->cfg_.max_inline;
+  tc.context.rc.max_rd_atomic = e->cfg_.max_rd_atomic;
+  tc.context.rc.max_dest_rd_atomic = e->cfg_.max_rd_atomic;
+  tc.context.signal_interval = e->cfg_.signal_interval;
   tc.context.endpoint_capacity = e->cfg_.endpoint_capacity;
   if (e->cfg_.qp_retry_cnt > 7 || e->cfg_.qp_timeout > 31)
     return fail(errc::config_invalid, "qp_retry_cnt must be 0..7 and qp_timeout 0..31");
@@ -138,6 +151,11 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.transfer_timeout = e->cfg_.transfer_timeout;
   tc.custom_topology_json = e->cfg_.custom_topology_json;
   tc.max_batches = e->cfg_.max_batches;
+  tc.max_wrs_write = e->cfg_.max_wrs_write;
+  tc.max_wrs_read = e->cfg_.max_wrs_read;
+  tc.coalesce = e->cfg_.coalesce_requests;
+  tc.rail.initial_cooldown = e->cfg_.rail_cooldown;
+  tc.rail.max_cooldown = e->cfg_.rail_max_cooldown;
   auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh, peer_gid);
   if (!t) return fail(t.error());
   e->transport_ = std::move(*t);

@@ -106,6 +106,10 @@ struct handshake_desc {
   /// tide's extension: the sender's active path MTU in bytes (256..4096).
   /// Mooncake ignores the field; absent when the peer is Mooncake.
   std::optional<std::uint32_t> mtu;
+  /// tide's extension: the sender's initial send PSN per QP (24 bits, same
+  /// order as qp_num).  Absent from Mooncake, which fixes every PSN at 0:
+  /// then both ends use 0.
+  std::optional<std::vector<std::uint32_t>> psn;
   friend bool operator==(const handshake_desc&, const handshake_desc&) = default;
 };
 

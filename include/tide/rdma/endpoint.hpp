@@ -1,29 +1,31 @@
 #pragma once
-/// rdma::endpoint — N RC queue pairs from one local NIC to one peer NIC
-/// (Mooncake's RdmaEndPoint), connected lazily through the handshake.
+/// rdma::endpoint — the RC queue pairs from one local NIC to one peer NIC
+/// (Mooncake's RdmaEndPoint): exactly one QP per lane of the context, in
+/// lane order (QP i belongs to lane i and completes on lane i's CQ).  The
+/// handshake carries the QP numbers in that order, so a peer pairs its QP i
+/// with ours; a peer with another QP count is rejected (qp_count_mismatch).
 ///
-/// States as Mooncake's: initializing -> unconnected -> connecting ->
+/// Who touches what:
+///  - QP i, its posted ring and its credits (`lane_qp`): lane i's thread
+///    only.  Every QP transition (RESET -> INIT -> RTR -> RTS, -> ERR) runs
+///    there, asked for by a lane message; the handshake and connector
+///    threads never move a QP's state.
+///  - the state: connector / handshake threads under setup_mutex(); lanes
+///    only CAS it (unconnected -> connecting to ask for a connect;
+///    connected_wait_ready_ack -> connected when the ack is overdue) and
+///    read it (acquire).
+///  - outstanding(): WRs posted and not yet retired plus lane messages not
+///    yet handled that name this endpoint; the store destroys the endpoint
+///    (any thread, usually the monitor's reclaim) only once it is 0.
+///
+/// States: initializing -> unconnected -> connecting (active handshake in
+/// flight) -> establishing (lanes move their QPs to RTS) ->
 /// [connected_wait_ready_ack ->] connected -> destroying -> destroyed.
-///
-/// Connection:
-///  - active (`connect`, from the worker that first needs it): moves its QPs
-///    to INIT, sends its QP numbers, GID, LID and MTU; on the reply moves them
-///    to RTR/RTS at the smaller of both MTUs and sends the ready ack when the
-///    peer announced support for it.
-///  - passive (`accept`, from the handshake service): answers with its own QP
-///    numbers after moving its QPs to RTS; waits for the ready ack (bounded).
-///  - simultaneous open (both ends connecting at once) is settled by the NIC
-///    paths: the end with the smaller local path stays active and rejects
-///    the other's request; the other accepts, and its own rejected attempt
-///    finds the endpoint connected.
-///
-/// Posting: one ibv_post_send per chain of WRs per QP; every WR signaled,
-/// one SGE, wr_id = the slice; per-QP accounting against max_send_wr.
-/// Teardown is two-phase: `disable()` moves the QPs to ERR (in-flight WRs
-/// complete flushed), the owner drains `outstanding()` to 0, then destroys.
+/// A passive accept goes unconnected|connecting -> establishing directly.
 
 #include <tide/metadata/descriptors.hpp>
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/posted_ring.hpp>
 #include <tide/result.hpp>
 #include <tide/verbs/cq.hpp>
 #include <tide/verbs/gid.hpp>
@@ -35,11 +37,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace tide::rdma {
+
+class endpoint;
 
 /// What every endpoint of one context shares.
 struct endpoint_params {
@@ -50,10 +55,13 @@ struct endpoint_params {
   verbs::gid local_gid;
   std::uint16_t lid = 0;
   ibv_mtu mtu = IBV_MTU_4096;      ///< the local active MTU, capped by the config
-  std::uint32_t num_qp = 2;        ///< Mooncake's MC_NUM_QP_PER_EP
+  std::uint32_t num_qp = 2;        ///< = lanes per context (Mooncake's MC_NUM_QP_PER_EP)
   verbs::qp_caps caps;
   verbs::rc_params rc;
+  std::uint32_t signal_interval = 16;  ///< every Nth WR signaled (and the last of a post)
   std::chrono::milliseconds ready_ack_timeout{10000};
+  /// Called from on_evict(): hands "QP to ERR" to every lane.
+  std::function<void(endpoint&)> retire;
 };
 
 /// Sends a Connection frame to the process that owns `peer_nic_path` and
@@ -61,106 +69,150 @@ struct endpoint_params {
 using handshake_sender = std::function<result<handshake_desc>(std::string_view peer_nic_path, const handshake_desc&)>;
 
 enum class endpoint_state : std::uint8_t {
-  initializing, unconnected, connecting, connected_wait_ready_ack, connected, destroying, destroyed
+  initializing, unconnected, connecting, establishing, connected_wait_ready_ack, connected, destroying, destroyed
 };
 [[nodiscard]] std::string_view to_string(endpoint_state s) noexcept;
 
+/// Where lane i's QP connects to: computed once per handshake from the
+/// peer's descriptor, read by every lane.
+struct peer_route {
+  verbs::remote_qp base;                ///< GID, LID, path MTU, sgid index, port
+  std::vector<std::uint32_t> qp_num;    ///< the peer's QP i for our QP i
+  std::vector<std::uint32_t> rq_psn;    ///< the peer's initial send PSNs (0 for Mooncake)
+  bool own_psn = false;                 ///< the peer carries PSNs: send from ours, else from 0
+};
+
+/// Lane i's part of an endpoint.  Lane i's thread only.
+struct lane_qp {
+  detail::posted_ring ring;           ///< posted slices, in post order
+  std::uint32_t since_signal = 0;     ///< unsignaled WRs since the last signaled one
+  bool rts = false;                   ///< this lane moved the QP to RTS
+  bool errored = false;               ///< this lane moved the QP to ERR
+};
+
 class endpoint {
  public:
-  /// Creates the QPs (RESET) on `cq`.  Errors: those of queue_pair::create.
-  /// Setup path, any thread.
-  [[nodiscard]] static result<std::unique_ptr<endpoint>> create(const endpoint_params& params,
-                                                                const verbs::completion_queue& cq,
-                                                                std::string peer_nic_path, std::uint32_t cq_index);
+  /// Creates one QP (RESET) per lane, QP i on `cqs[i]` (kept alive with the
+  /// QPs).  Errors: config_invalid (0 or > 255 lanes), those of
+  /// queue_pair::create.  Any thread; no QP transition.
+  [[nodiscard]] static result<std::unique_ptr<endpoint>> create(
+      const endpoint_params& params, std::span<const std::shared_ptr<verbs::completion_queue>> cqs,
+      std::string peer_nic_path);
 
   endpoint(const endpoint&) = delete;
   endpoint& operator=(const endpoint&) = delete;
-  /// Destroys the QPs (moving them to ERR first if still connected).  The
-  /// owner must have drained `outstanding()` to 0.  Never throws.
+  /// Destroys the QPs.  The store calls it once outstanding() is 0.
   ~endpoint();
 
-  /// Active connect (lazy; idempotent when connected).  Blocks for one or
-  /// two handshake round trips.  Errors: handshake_failed, peer_unreachable,
-  /// handshake_rejected (the peer's reply_msg in the detail), qp_count_mismatch,
-  /// qp_state_error, endpoint_closed.  One caller at a time per endpoint
-  /// (serialized inside); any thread.
-  [[nodiscard]] status connect(const handshake_sender& send);
-
-  /// Passive side of a Connection request for this endpoint.  Returns the
-  /// reply (reply_msg set on rejection), or nothing when the endpoint cannot
-  /// take the request without dropping in-flight work (it was connected to
-  /// other peer QPs and still has WRs out): the caller then retires it and
-  /// accepts on a fresh endpoint.  Handshake-service thread.
-  [[nodiscard]] std::optional<handshake_desc> accept(const handshake_desc& request);
-
-  /// Passive side of the ready ack.  Returns "" on success, else the reason.
-  [[nodiscard]] std::string on_ready_ack(const handshake_desc& ack);
-
-  /// True when slices may be posted: connected, or waiting for a ready ack
-  /// that is overdue (a peer that never sends it).  Hot path: one atomic load
-  /// (plus a clock read while waiting for an ack).
-  [[nodiscard]] bool ready() noexcept;
+  // ---- state (setup path) ----
   [[nodiscard]] endpoint_state state() const noexcept { return state_.load(std::memory_order_acquire); }
+  /// Serializes the connector's and the handshake thread's setup rounds.
+  /// Never held across network I/O; lanes never take it.
+  [[nodiscard]] std::mutex& setup_mutex() noexcept { return setup_mu_; }
+  /// unconnected -> connecting.  True when the caller won and must start the
+  /// active handshake.  Any thread (a lane); one CAS.
+  [[nodiscard]] bool begin_connect() noexcept {
+    auto expected = endpoint_state::unconnected;
+    return state_.compare_exchange_strong(expected, endpoint_state::connecting, std::memory_order_acq_rel);
+  }
+  /// CAS of the state (setup threads under setup_mutex(), lanes for the ack).
+  bool transition(endpoint_state from, endpoint_state to) noexcept {
+    return state_.compare_exchange_strong(from, to, std::memory_order_acq_rel);
+  }
+  /// Sets the state (setup threads under setup_mutex()).
+  void set_state(endpoint_state s) noexcept { state_.store(s, std::memory_order_release); }
+  /// A connect failed for good: the lanes fail this endpoint's queued slices
+  /// with `e` (instead of retrying on a fresh endpoint).  Before the state
+  /// becomes destroying.
+  void set_connect_error(errc e) noexcept { connect_error_.store(e, std::memory_order_release); }
+  [[nodiscard]] errc connect_error() const noexcept { return connect_error_.load(std::memory_order_acquire); }
 
-  /// Posts slices from the front of `chain` (linked by slice::next) and
-  /// advances `chain` past those posted; adds their number and bytes to
-  /// `posted` / `bytes`.  Stops when every QP is full (the rest stay in
-  /// `chain`: returns ok), or on failure (returns the errc; the unposted
-  /// slices stay in `chain`).  One ibv_post_send per QP chain.  Hot path:
-  /// noexcept, no allocation.  One poster thread at a time.
-  [[nodiscard]] errc post(detail::slice*& chain, std::size_t& posted, std::size_t& bytes) noexcept;
-
-  /// Accounts for the completion of slice `s` (posted here).  Any thread.
-  void on_completion(const detail::slice& s) noexcept {
-    qp_depth_[s.qp].fetch_sub(1, std::memory_order_relaxed);
-    outstanding_.fetch_sub(1, std::memory_order_release);
+  /// This end's descriptor (QP numbers in lane order, GID, LID, MTU, PSNs).
+  [[nodiscard]] handshake_desc local_desc(bool with_ready_ack) const;
+  /// Checks the peer's descriptor (QP count, GID, MTU) and computes where
+  /// each lane connects.  Errors: qp_count_mismatch, handshake_rejected.
+  [[nodiscard]] result<peer_route> route_to(const handshake_desc& peer) const;
+  /// Records the peer's QP numbers and the agreed MTU (setup thread, after
+  /// every lane reached RTS).
+  void set_peer(const peer_route& r);
+  /// The peer QP numbers recorded by set_peer (setup threads).
+  [[nodiscard]] const std::vector<std::uint32_t>& peer_qp_nums() const noexcept { return peer_qp_nums_; }
+  /// Passive side: the ready ack deadline (setup thread, before the state
+  /// becomes connected_wait_ready_ack).
+  void set_ack_deadline(std::chrono::steady_clock::time_point t) noexcept {
+    ack_deadline_ns_.store(t.time_since_epoch().count(), std::memory_order_release);
   }
 
-  /// WRs posted and not yet completed (0 = safe to destroy once disabled).
+  /// True when slices may be posted: connected, or waiting for a ready ack
+  /// that is overdue.  Hot path: one atomic load.  Lanes.
+  [[nodiscard]] bool ready() noexcept;
+
+  // ---- lane i's QP (lane i's thread only) ----
+  [[nodiscard]] lane_qp& lane(std::uint32_t i) noexcept { return lanes_[i]; }
+  /// RESET -> INIT -> RTR -> RTS of QP i towards `r`.  Errors: qp_state_error.
+  [[nodiscard]] status lane_connect(std::uint32_t i, const peer_route& r);
+  /// QP i -> ERR (its WRs complete flushed).  Idempotent.
+  void lane_error(std::uint32_t i) noexcept;
+
+  /// Posts slices from the front of `chain` on QP i, at most `credits`
+  /// (the lane's free CQ entries) and the send queue's free slots; advances
+  /// `chain` past those posted and adds their number and bytes to
+  /// `posted` / `bytes`.  Every signal_interval-th WR and the last one are
+  /// signaled; payloads up to the QP's inline size go inline (WRITE).  A
+  /// posted slice is never read again here (the ring holds it).  Returns ok
+  /// (possibly with slices left: no credit) or the post's errc.  Hot path:
+  /// noexcept, no allocation, one ibv_post_send.
+  [[nodiscard]] errc post(std::uint32_t i, detail::slice*& chain, std::uint32_t credits, std::size_t& posted,
+                          std::size_t& bytes) noexcept;
+
+  /// A completion for `s` (posted on QP i) arrived: pops the ring through
+  /// `s`; the unsignaled slices before it completed successfully (RC
+  /// completes a send queue in order) and are retired here.  Returns how
+  /// many entries left the ring (s included); `s` itself is the caller's.
+  std::uint32_t complete_through(std::uint32_t i, const detail::slice* s) noexcept;
+  /// Takes every slice still in QP i's ring (CQ error: no completion will
+  /// come); the caller fails them.  Returns the chain (linked by next).
+  [[nodiscard]] detail::slice* take_ring(std::uint32_t i) noexcept;
+
+  /// A lane message naming this endpoint was queued / handled (keeps it
+  /// alive in between).  Any thread.
+  void hold() noexcept { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  /// Last access of the caller to the endpoint (release pairs with the
+  /// store's acquire load of outstanding()).
+  void release(std::size_t n = 1) noexcept { outstanding_.fetch_sub(n, std::memory_order_release); }
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
 
-  /// Phase one of teardown after a fault (QP fatal, device/port error, a
-  /// failed completion): QPs to ERR, state destroying; in-flight WRs
-  /// complete flushed.  Idempotent, noexcept; any thread.
-  void disable() noexcept;
-
-  /// endpoint_store's hook when the entry leaves the map (eviction, erase):
-  /// no new posts (state destroying); WRs in flight still complete normally
-  /// and the store destroys the endpoint once outstanding() is 0.
+  /// endpoint_store's hook when the entry leaves the map: state destroying,
+  /// every lane gets "QP i to ERR" (in-flight WRs flush, then the store
+  /// destroys it).  Once; no lock held.
   void on_evict() noexcept;
 
   [[nodiscard]] const std::string& peer_nic_path() const noexcept { return peer_nic_path_; }
   [[nodiscard]] const std::string& local_nic_path() const noexcept { return params_.local_nic_path; }
-  [[nodiscard]] std::uint32_t cq_index() const noexcept { return cq_index_; }
+  [[nodiscard]] std::uint32_t lanes() const noexcept { return static_cast<std::uint32_t>(qps_.size()); }
   /// The MTU agreed with the peer (bytes), 0 before connecting.
   [[nodiscard]] int agreed_mtu() const noexcept { return agreed_mtu_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::vector<std::uint32_t> qp_nums() const;
-  /// True when this QP number belongs to this endpoint.
-  [[nodiscard]] bool owns_qp(std::uint32_t qp_num) const noexcept;
+  /// The lane whose QP has number `qp_num`, or -1.  Any thread.
+  [[nodiscard]] int lane_of_qp(std::uint32_t qp_num) const noexcept;
 
  private:
-  endpoint(const endpoint_params& params, std::string peer, std::uint32_t cq_index);
-
-  handshake_desc local_desc(bool with_ready_ack) const;
-  // Caller holds qp_mu_.  RESET -> INIT on every QP.
-  status prepare_locked();
-  // Caller holds qp_mu_.  INIT -> RTR -> RTS towards `peer`.
-  status connect_qps_locked(const handshake_desc& peer);
+  endpoint(const endpoint_params& params, std::string peer);
 
   endpoint_params params_;
   std::string peer_nic_path_;
-  std::uint32_t cq_index_;
+  std::vector<std::shared_ptr<verbs::completion_queue>> cqs_;  // outlive qps_ (declared first)
   std::vector<verbs::queue_pair> qps_;
-  std::unique_ptr<std::atomic<std::uint32_t>[]> qp_depth_;
+  std::vector<std::uint32_t> qp_nums_;    // read once at create: QPNs never change
+  std::vector<std::uint32_t> local_psn_;  // random initial send PSN per QP
+  std::unique_ptr<lane_qp[]> lanes_;
   std::atomic<std::size_t> outstanding_{0};
   std::atomic<endpoint_state> state_{endpoint_state::initializing};
+  std::atomic<errc> connect_error_{errc::ok};
   std::atomic<int> agreed_mtu_{0};
-  std::uint32_t next_qp_ = 0;  ///< round robin; the poster thread only
-  std::mutex setup_mu_;        ///< serializes active connects (held across the round trip)
-  mutable std::mutex qp_mu_;   ///< QP transitions and the fields below; never held across I/O
-  std::vector<std::uint32_t> peer_qp_nums_;
-  bool errored_ = false;  ///< disable() ran
-  std::chrono::steady_clock::time_point ack_deadline_{};
+  std::atomic<std::int64_t> ack_deadline_ns_{0};
+  std::mutex setup_mu_;
+  std::vector<std::uint32_t> peer_qp_nums_;  // setup threads, under setup_mu_
 };
 
 }  // namespace tide::rdma

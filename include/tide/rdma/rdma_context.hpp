@@ -1,14 +1,23 @@
 #pragma once
 /// rdma::rdma_context<P> — everything tide holds for one HCA (Mooncake's
 /// RdmaContext): the opened device, its protection domain, one completion
-/// channel and CQ per transfer worker, the endpoint store (P::eviction),
-/// the worker pool, the async-event fd in an epoll set, and an active flag.
+/// channel and CQ per lane, the endpoint store (P::eviction), the lanes
+/// (lane_pool: lane i owns CQ i and QP i of every endpoint), the connector
+/// (handshakes off the lanes), the async-event fd and an active flag.
+///
+/// Threads: dispatch() from any thread (the hot path in); handle_connect()
+/// from the handshake service; the monitor (lane_pool) reads async events
+/// and turns them into lane messages; lanes call back into endpoint_for,
+/// start_connect, on_slice_failed, retire_endpoint_ptr.  The CQ table is
+/// read under cq_mu_ (endpoint creation, setup path) and replaced only by
+/// its lane after a CQ error.
 
 #include <tide/detail/log.hpp>
+#include <tide/rdma/connector.hpp>
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/rdma/endpoint_store.hpp>
-#include <tide/rdma/worker_pool.hpp>
+#include <tide/rdma/lane_pool.hpp>
 #include <tide/verbs/cq.hpp>
 #include <tide/verbs/device.hpp>
 #include <tide/verbs/error.hpp>
@@ -23,6 +32,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,13 +46,17 @@ struct context_config {
   std::uint8_t port = 1;
   int gid_index = -1;             ///< -1: automatic (verbs::select_gid_index)
   int mtu_cap = 4096;             ///< bytes; the path MTU is min(both ends' active MTU, this)
+  /// Lanes per context = QPs per endpoint (Mooncake's MC_NUM_QP_PER_EP; both
+  /// ends must agree, the handshake checks it).
   std::uint32_t num_qp_per_ep = 2;
-  verbs::qp_caps caps;
+  /// caps.max_send_wr is the send queue depth per QP, caps.max_inline_data
+  /// the inline limit asked for (the QP's granted value is used).
+  verbs::qp_caps caps{256, 1, 1, 1, 64};
   verbs::rc_params rc;
-  int max_cqe = 4096;
-  std::size_t workers = 2;
+  int max_cqe = 4096;             ///< CQ entries per lane (clamped to the device)
+  std::uint32_t signal_interval = 16;  ///< every Nth WR signaled (clamped to max_send_wr / 2)
   std::size_t endpoint_capacity = 256;
-  int numa_node = -1;             ///< bind workers here; -1: unbound
+  int numa_node = -1;             ///< bind lanes here; -1: unbound
   std::chrono::milliseconds ready_ack_timeout{10000};
   std::string sysfs_root = "/sys";
 };
@@ -56,6 +70,7 @@ struct context_stats {
   std::uint64_t endpoints_draining = 0;
   std::uint64_t port_errors = 0;
   std::uint64_t qp_fatal = 0;
+  std::uint64_t cq_errors = 0;
 };
 
 template <class P>
@@ -70,9 +85,10 @@ class rdma_context {
     std::function<void(detail::slice&, errc)> failed;  ///< a slice to retry elsewhere or fail
   };
 
-  /// Opens `cfg.device` and builds everything; starts the workers.
-  /// Errors: those of verbs (no_device, device_not_found, device_open_failed,
-  /// resource_exhausted, gid_not_found, ...), config_invalid.  Setup path.
+  /// Opens `cfg.device`, validates the config against the device, builds
+  /// everything and starts the lanes.  Errors: those of verbs (no_device,
+  /// device_not_found, device_open_failed, resource_exhausted,
+  /// gid_not_found, ...), config_invalid naming the field.  Setup path.
   [[nodiscard]] static result<std::unique_ptr<rdma_context>> create(const context_config& cfg,
                                                                     std::uint16_t device_id, hooks h) {
     std::unique_ptr<rdma_context> c(new rdma_context(cfg, device_id, std::move(h)));
@@ -83,21 +99,25 @@ class rdma_context {
   rdma_context(const rdma_context&) = delete;
   rdma_context& operator=(const rdma_context&) = delete;
 
-  /// Teardown: every endpoint to ERR (in-flight WRs flush), workers drain
-  /// and stop, then endpoints, CQs, channels, PD and device close.
   ~rdma_context() {
     shutdown();
-    cqs_.clear();
+    lanes_.clear();
+    {
+      std::lock_guard lock(cq_mu_);
+      cqs_.clear();
+    }
     channels_.clear();
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
   }
 
-  /// Phase one of teardown: every endpoint to ERR, workers drain and stop,
-  /// endpoints destroyed.  MRs of this PD may be deregistered afterwards.
+  /// Phase one of teardown: no new handshakes, every endpoint retired (the
+  /// lanes move their QPs to ERR and drain), lanes stopped, endpoints
+  /// destroyed.  MRs of this PD may be deregistered afterwards.
   /// Idempotent; setup path.
   void shutdown() noexcept {
-    if (store_) store_->for_each([](std::string_view, endpoint& e) { e.disable(); });
-    pool_.stop();
+    connector_.stop();
+    if (store_) (void)store_->clear();
+    lanes_.stop();
     store_.reset();
   }
 
@@ -107,39 +127,51 @@ class rdma_context {
   [[nodiscard]] const verbs::gid& gid() const noexcept { return params_.local_gid; }
   [[nodiscard]] std::uint16_t lid() const noexcept { return params_.lid; }
   [[nodiscard]] const verbs::protection_domain& pd() const noexcept { return *pd_; }
-  [[nodiscard]] worker_pool<P>& pool() noexcept { return pool_; }
+  [[nodiscard]] lane_pool<P>& lanes() noexcept { return lanes_; }
+  [[nodiscard]] std::chrono::milliseconds ready_ack_timeout() const noexcept { return cfg_.ready_ack_timeout; }
+  /// The port's max_msg_sz: no slice may be larger.
+  [[nodiscard]] std::uint64_t max_msg_size() const noexcept { return max_msg_size_; }
+  /// The settings in force after validation against the device.
+  [[nodiscard]] const endpoint_params& params() const noexcept { return params_; }
+  [[nodiscard]] int cq_entries() const noexcept { return cfg_.max_cqe; }
+
+  /// Hands a chain of slices for this context (linked by next, any peers)
+  /// to the lanes, which decide where each is posted.  Hot path, any thread.
+  void dispatch(detail::slice* first, detail::slice* last) noexcept { lanes_.dispatch(first, last); }
 
   /// False after a device-fatal or port-error event, until the port is active again.
   [[nodiscard]] bool active() const noexcept { return active_.load(std::memory_order_acquire); }
   void set_active(bool a) noexcept { active_.store(a, std::memory_order_release); }
 
-  [[nodiscard]] verbs::completion_queue& cq(std::size_t worker) noexcept { return cqs_[worker]; }
-  [[nodiscard]] ibv_comp_channel* channel(std::size_t worker) const noexcept {
-    return channels_[worker].native_handle();
+  /// Lane i's current CQ (setup path: lane start, endpoint creation).
+  [[nodiscard]] std::shared_ptr<verbs::completion_queue> lane_cq(std::size_t i) const {
+    std::lock_guard lock(cq_mu_);
+    return cqs_[i];
   }
+  [[nodiscard]] ibv_comp_channel* channel(std::size_t i) const noexcept { return channels_[i].native_handle(); }
 
   /// Registers [addr, addr+len) with this context's PD.  Setup path.
   [[nodiscard]] result<verbs::memory_region> register_memory(void* addr, std::size_t len) const {
     return verbs::memory_region::register_memory(*pd_, addr, len);
   }
 
-  /// The endpoint to `peer_path`, made (unconnected) on a miss with its QPs
-  /// on worker `w`'s CQ.  Hot path on a hit: one store find.
-  [[nodiscard]] result<handle> endpoint_for(std::string_view peer_path, std::uint32_t w) {
+  /// The endpoint to `peer_path`, made (QPs in RESET, unconnected) on a
+  /// miss.  Hot path on a hit: one store find.  Any thread.
+  [[nodiscard]] result<handle> endpoint_for(std::string_view peer_path) {
     if (handle h = store_->find(peer_path)) [[likely]]
       return h;
-    return store_->get_or_insert(peer_path, [&](std::string_view key) { return make_endpoint(key, w); });
+    return store_->get_or_insert(peer_path, [&](std::string_view key) { return make_endpoint(key); });
   }
+  [[nodiscard]] handle find_endpoint(std::string_view peer_path) noexcept { return store_->find(peer_path); }
 
-  /// Active connect of `e` through the transport's handshake.
-  [[nodiscard]] status connect(endpoint& e) { return e.connect(hooks_.send); }
+  /// Starts the active handshake of `h` (a lane won begin_connect()).
+  void start_connect(const handle& h) noexcept { connector_.start_active(h); }
 
-  /// Takes `e` out of the store (it drains, then is destroyed) after moving
-  /// its QPs to ERR.  Any thread.
+  /// Takes `e` out of the store: on_evict sends "QP to ERR" to every lane;
+  /// it is destroyed once drained.  Any thread.
   void retire_endpoint(handle& h) noexcept { retire_endpoint_ptr(h.get()); }
   void retire_endpoint_ptr(endpoint* e) noexcept {
-    if (e == nullptr) return;
-    e->disable();
+    if (e == nullptr || !store_) return;
     if (handle cur = store_->find(e->peer_nic_path()); cur && cur.get() == e) {
       cur.reset();
       (void)store_->erase(e->peer_nic_path());
@@ -166,17 +198,16 @@ class rdma_context {
     s.endpoints_draining = store_ ? store_->draining() : 0;
     s.port_errors = port_errors_.load(std::memory_order_relaxed);
     s.qp_fatal = qp_fatal_.load(std::memory_order_relaxed);
+    s.cq_errors = cq_errors_.load(std::memory_order_relaxed);
     return s;
   }
 
-  /// Passive side of a Connection request addressed to this NIC.  Any
-  /// thread (the handshake service's).
+  /// Passive side of a Connection request addressed to this NIC.  Handshake
+  /// service thread; waits (bounded) for the lanes to move their QPs.
   [[nodiscard]] handshake_desc handle_connect(const handshake_desc& req) {
     if (req.ready_ack.value_or(false)) {
       handshake_desc reply;
-      handle h = store_->find(req.local_nic_path);
-      reply.reply_msg = h ? h->on_ready_ack(req) : "Received RDMA ready ACK for unconnected endpoint";
-      if (reply.reply_msg.empty()) pool_.wake_all();
+      reply.reply_msg = connector_.ready_ack(req);
       return reply;
     }
     auto reject = [&](std::string why) {
@@ -190,20 +221,13 @@ class rdma_context {
       return reject("Invalid argument: peer nic path inconsistency: " + req.peer_nic_path + " != " +
                     params_.local_nic_path);
     if (!active()) return reject("context " + cfg_.device + " is inactive");
-    const auto w = pool_.worker_for_path(req.local_nic_path);
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      auto h = endpoint_for(req.local_nic_path, w);
-      if (!h) return reject(h.error().message());
-      if (auto reply = (*h)->accept(req)) return *reply;
-      // Connected to older peer QPs with work in flight, or being evicted: replace it.
-      retire_endpoint(*h);
-    }
-    return reject("endpoint to " + req.local_nic_path + " is busy; retry");
+    return connector_.accept(req);
   }
 
   /// Reads async events for up to `timeout_ms` and reacts (monitor thread):
-  /// QP fatal -> that endpoint only; device fatal / port error -> every
-  /// endpoint disabled, context inactive; port active -> active again.
+  /// QP fatal -> that endpoint retired (its lanes flush it); CQ error -> a
+  /// message to the lane owning the CQ; device fatal / port error -> every
+  /// endpoint retired, context inactive; port active -> active again.
   void process_async_events(int timeout_ms) noexcept {
     epoll_event ev{};
     const int n = ::epoll_wait(epoll_fd_, &ev, 1, timeout_ms);
@@ -214,8 +238,12 @@ class rdma_context {
         case IBV_EVENT_QP_REQ_ERR:
         case IBV_EVENT_QP_ACCESS_ERR:
           qp_fatal_.fetch_add(1, std::memory_order_relaxed);
-          TIDE_LOG_WARN(cfg_.device << ": " << e->name() << " on QP " << (e->qp ? e->qp->qp_num : 0));
-          disable_qp_owner(e->qp);
+          TIDE_LOG_WARN(cfg_.device << ": " << e->name() << " on QP " << e->qp_num);
+          retire_qp_owner(e->qp_num);
+          break;
+        case IBV_EVENT_CQ_ERR:
+          TIDE_LOG_WARN(cfg_.device << ": " << e->name());
+          lanes_.send_cq_error(e->cq);
           break;
         case IBV_EVENT_DEVICE_FATAL:
         case IBV_EVENT_PORT_ERR:
@@ -236,10 +264,26 @@ class rdma_context {
   /// Destroys drained endpoints (monitor thread, periodically).
   void reclaim_endpoints() noexcept { (void)store_->reclaim(); }
 
-  /// Disables and removes every endpoint (port error, close).  Any thread.
+  /// Retires every endpoint (port error, CQ error, close).  Any thread.
   void disconnect_all() noexcept {
-    store_->for_each([](std::string_view, endpoint& e) { e.disable(); });
-    (void)store_->clear();
+    if (store_) (void)store_->clear();
+  }
+
+  /// Lane `i`'s CQ failed (the lane has failed its own slices).  Lane thread.
+  void cq_failed(std::size_t /*i*/) noexcept {
+    cq_errors_.fetch_add(1, std::memory_order_relaxed);
+    disconnect_all();  // every endpoint has a QP on that CQ
+  }
+
+  /// A new CQ for lane `i` (after a CQ error); endpoints created from now on
+  /// use it, the old one lives until its QPs are gone.  Lane thread.
+  [[nodiscard]] result<std::shared_ptr<verbs::completion_queue>> rebuild_cq(std::size_t i) {
+    auto cq = verbs::completion_queue::create(*ctx_, cfg_.max_cqe, &channels_[i], static_cast<int>(i));
+    if (!cq) return fail(cq.error());
+    auto p = std::make_shared<verbs::completion_queue>(std::move(*cq));
+    std::lock_guard lock(cq_mu_);
+    cqs_[i] = p;
+    return p;
   }
 
   [[nodiscard]] std::size_t live_endpoints() const noexcept { return store_ ? store_->size() : 0; }
@@ -247,21 +291,53 @@ class rdma_context {
 
  private:
   rdma_context(const context_config& cfg, std::uint16_t device_id, hooks h)
-      : cfg_(cfg), device_id_(device_id), hooks_(std::move(h)), pool_(*this) {}
+      : cfg_(cfg), device_id_(device_id), hooks_(std::move(h)), lanes_(*this), connector_(*this, hooks_.send) {}
 
-  result<std::unique_ptr<endpoint>> make_endpoint(std::string_view key, std::uint32_t w) {
-    auto e = endpoint::create(params_, cqs_[w], std::string(key), w);
+  result<std::unique_ptr<endpoint>> make_endpoint(std::string_view key) {
+    std::vector<std::shared_ptr<verbs::completion_queue>> cqs;
+    {
+      std::lock_guard lock(cq_mu_);
+      cqs = cqs_;
+    }
+    auto e = endpoint::create(params_, cqs, std::string(key));
     if (e) endpoints_created_.fetch_add(1, std::memory_order_relaxed);
     return e;
   }
 
-  void disable_qp_owner(const ibv_qp* qp) noexcept {
-    if (qp == nullptr) return;
-    endpoint* owner = nullptr;
-    store_->for_each([&](std::string_view, endpoint& e) {
-      if (e.owns_qp(qp->qp_num)) owner = &e;
+  void retire_qp_owner(std::uint32_t qp_num) noexcept {
+    if (qp_num == 0 || !store_) return;
+    std::string owner;
+    store_->for_each([&](std::string_view key, endpoint& e) {
+      if (e.lane_of_qp(qp_num) >= 0) owner = std::string(key);
     });
-    if (owner != nullptr) retire_endpoint_ptr(owner);
+    if (!owner.empty()) close_endpoint(owner);
+  }
+
+  // Checks the configuration against the device: clamps with a WARN what
+  // the device caps, refuses (config_invalid naming the field) what cannot work.
+  status validate_against(const ibv_device_attr& dev, const ibv_port_attr& port) {
+    auto clamp = [&](auto& value, auto limit, const char* field) {
+      using T = std::remove_reference_t<decltype(value)>;
+      if (limit > 0 && static_cast<long long>(value) > static_cast<long long>(limit)) {
+        TIDE_LOG_WARN(cfg_.device << ": " << field << " " << static_cast<long long>(value)
+                                  << " is above the device's limit " << static_cast<long long>(limit)
+                                  << "; using " << static_cast<long long>(limit));
+        value = static_cast<T>(limit);
+      }
+    };
+    if (cfg_.max_cqe < 1) return fail(errc::config_invalid, "max_cqe must be >= 1, got " + std::to_string(cfg_.max_cqe));
+    if (cfg_.caps.max_send_wr < 1) return fail(errc::config_invalid, "max_wr must be >= 1");
+    if (cfg_.signal_interval < 1) return fail(errc::config_invalid, "signal_interval must be >= 1");
+    if (cfg_.rc.max_rd_atomic < 1) return fail(errc::config_invalid, "max_rd_atomic must be >= 1");
+    clamp(cfg_.max_cqe, dev.max_cqe, "max_cqe");
+    clamp(cfg_.caps.max_send_wr, dev.max_qp_wr, "max_wr");
+    clamp(cfg_.rc.max_rd_atomic, dev.max_qp_init_rd_atom, "max_rd_atomic");
+    cfg_.rc.max_dest_rd_atomic = cfg_.rc.max_rd_atomic;
+    clamp(cfg_.rc.max_dest_rd_atomic, dev.max_qp_rd_atom, "max_rd_atomic (as responder)");
+    const std::uint32_t half = std::max<std::uint32_t>(1, cfg_.caps.max_send_wr / 2);
+    clamp(cfg_.signal_interval, half, "signal_interval (max_wr / 2)");
+    max_msg_size_ = port.max_msg_sz;
+    return {};
   }
 
   status construct() {
@@ -270,6 +346,9 @@ class rdma_context {
     ctx_.emplace(std::move(*ctx));
     auto port = ctx_->query_port(cfg_.port);
     if (!port) return fail(port.error());
+    auto dev = ctx_->query_device();
+    if (!dev) return fail(dev.error());
+    if (auto r = validate_against(*dev, *port); !r) return r;
     auto gid_index = verbs::select_gid_index(cfg_.device, cfg_.port, cfg_.gid_index, cfg_.sysfs_root);
     if (!gid_index) return fail(gid_index.error());
     auto gid = ctx_->query_gid(cfg_.port, *gid_index);
@@ -279,16 +358,17 @@ class rdma_context {
     auto pd = verbs::protection_domain::create(*ctx_);
     if (!pd) return fail(pd.error());
     pd_.emplace(std::move(*pd));
-    if (cfg_.workers == 0) return fail(errc::config_invalid, "workers_per_context must be >= 1");
-    channels_.reserve(cfg_.workers);
-    cqs_.reserve(cfg_.workers);
-    for (std::size_t i = 0; i < cfg_.workers; ++i) {
+    const std::size_t lanes = cfg_.num_qp_per_ep;
+    if (lanes == 0 || lanes > 255)
+      return fail(errc::config_invalid, "num_qp_per_ep (lanes per context) must be 1..255, got " + std::to_string(lanes));
+    channels_.reserve(lanes);
+    for (std::size_t i = 0; i < lanes; ++i) {
       auto ch = verbs::completion_channel::create(*ctx_);
       if (!ch) return fail(ch.error());
       channels_.push_back(std::move(*ch));
       auto cq = verbs::completion_queue::create(*ctx_, cfg_.max_cqe, &channels_.back(), static_cast<int>(i));
       if (!cq) return fail(cq.error());
-      cqs_.push_back(std::move(*cq));
+      cqs_.push_back(std::make_shared<verbs::completion_queue>(std::move(*cq)));
     }
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) return fail(verbs::verbs_error("epoll_create1", cfg_.device, errno));
@@ -308,13 +388,18 @@ class rdma_context {
     params_.local_gid = *gid;
     params_.lid = port->lid;
     params_.mtu = verbs::path_mtu(port->active_mtu, port->active_mtu, *cap);
-    params_.num_qp = cfg_.num_qp_per_ep;
+    params_.num_qp = static_cast<std::uint32_t>(lanes);
     params_.caps = cfg_.caps;
+    params_.caps.max_recv_wr = 1;  // no receives on the data QPs: no RQ slots to speak of (finding 18)
+    params_.caps.max_recv_sge = 1;
+    params_.caps.max_send_sge = 1;
     params_.rc = cfg_.rc;
+    params_.signal_interval = cfg_.signal_interval;
     params_.ready_ack_timeout = cfg_.ready_ack_timeout;
+    params_.retire = [this](endpoint& e) { lanes_.send_fail(e); };
     active_.store(port->state == IBV_PORT_ACTIVE, std::memory_order_release);
     if (!active()) TIDE_LOG_WARN(cfg_.device << ": port " << int(cfg_.port) << " is not active");
-    return pool_.start(cfg_.workers, cfg_.numa_node);
+    return lanes_.start(lanes, cfg_.numa_node);
   }
 
   context_config cfg_;
@@ -323,8 +408,10 @@ class rdma_context {
   std::optional<verbs::context> ctx_;
   std::optional<verbs::protection_domain> pd_;
   std::vector<verbs::completion_channel> channels_;
-  std::vector<verbs::completion_queue> cqs_;
+  mutable std::mutex cq_mu_;
+  std::vector<std::shared_ptr<verbs::completion_queue>> cqs_;  // lane i's current CQ
   int epoll_fd_ = -1;
+  std::uint64_t max_msg_size_ = 1u << 31;
   endpoint_params params_;
   std::unique_ptr<store_type> store_;
   std::atomic<bool> active_{false};
@@ -333,7 +420,10 @@ class rdma_context {
   std::atomic<std::uint64_t> endpoints_created_{0};
   std::atomic<std::uint64_t> port_errors_{0};
   std::atomic<std::uint64_t> qp_fatal_{0};
-  worker_pool<P> pool_;  // last: its threads start after everything above exists, stop first
+  std::atomic<std::uint64_t> cq_errors_{0};
+  // Last: their threads start after everything above exists and stop first.
+  lane_pool<P> lanes_;
+  connector<P> connector_;
 };
 
 }  // namespace tide::rdma

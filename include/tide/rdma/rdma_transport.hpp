@@ -1,13 +1,28 @@
 #pragma once
 /// rdma::rdma_transport<P> — Mooncake's RdmaTransport: registers memory on
-/// every context, resolves peers' segments, splits requests into slices,
-/// picks local and peer NICs from the topology, stripes slices over NICs,
-/// rolls completions up (slice -> task -> batch) and redispatches a failed
-/// slice to another NIC path up to a bound.
+/// every context, resolves peers' segments, and runs the data path:
+///
+///   submit (resolve, detail/rdma_transport_impl.hpp)
+///     -> plan  (plan/slice_planner.hpp: WRs per request, coalescing)
+///     -> path  (plan/path_selector.hpp + P::path + plan/rail_health.hpp: a rail per WR)
+///     -> lane  (rdma_context::dispatch -> lane_pool / lane: credits, post, poll)
+///     -> NIC -> completion (detail/retire_wr.hpp: slice -> task -> batch)
+///   failure -> on_failed (detail/transport_dispatch.hpp): the rail pauses,
+///              the slice goes to the next healthy rail, up to max_retry.
+///
+/// Files: this one is the facade (config, members); rdma_transport_impl.hpp
+/// setup, memory, segments and request resolution; transport_dispatch.hpp
+/// planning, rail choice, dispatch, retry and stats; transport_connect.hpp
+/// the passive handshake.
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/batch_table.hpp>
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/retire_wr.hpp>
+#include <tide/rdma/plan/nic_load.hpp>
+#include <tide/rdma/plan/path_selector.hpp>
+#include <tide/rdma/plan/rail_health.hpp>
+#include <tide/rdma/plan/slice_planner.hpp>
 #include <tide/rdma/rdma_context.hpp>
 #include <tide/rdma/segment.hpp>
 #include <tide/topology/hca.hpp>
@@ -16,9 +31,11 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <thread>
@@ -35,6 +52,12 @@ struct transport_config {
   std::chrono::milliseconds transfer_timeout{30000};
   std::string custom_topology_json;    ///< a priority matrix to use instead of the sysfs scan
   std::size_t max_batches = 4096;      ///< batches alive at once
+  std::uint32_t max_wrs_write = 32;    ///< WRs per WRITE request before its slices grow (plan/slice_planner.hpp)
+  std::uint32_t max_wrs_read = 64;     ///< WRs per READ request before its slices grow
+  std::uint64_t max_msg_size = 1u << 30;  ///< no WR longer (the devices' max_msg_sz when smaller)
+  std::uint32_t inline_limit = 0;      ///< WRITE WRs up to this size are marked inline
+  bool coalesce = true;                ///< requests contiguous at both ends share WRs
+  plan::rail_health_config rail;       ///< pause and cooldown of failing rails
 };
 
 template <class P>
@@ -42,7 +65,7 @@ class rdma_transport {
  public:
   static constexpr std::size_t kMaxContexts = 16;
   using context_type = rdma_context<P>;
-  using shards = worker_pool<P>;
+  using lanes = lane_pool<P>;
 
   /// Re-fetches segment `id`'s descriptor (the forced refresh on a miss).
   using refresh_fn = std::function<status(segment_id)>;
@@ -103,11 +126,48 @@ class rdma_transport {
   [[nodiscard]] const topology::priority_matrix& local_matrix() const noexcept { return matrix_; }
   [[nodiscard]] const std::string& server_name() const noexcept { return cfg_.context.local_server_name; }
 
- private:
-  explicit rdma_transport(const transport_config& cfg) : cfg_(cfg) {}
+  /// Per-NIC bytes, WRs, errors, in-flight bytes and bandwidth, and every
+  /// rail that has failed with its state.  Any thread; takes the rail
+  /// table's registration mutex (not a hot-path call).
+  [[nodiscard]] plan::transport_stats stats() const;
+  /// The rail table (tests, tools).
+  [[nodiscard]] plan::rail_table& rails() noexcept { return rails_; }
 
+ private:
+  explicit rdma_transport(const transport_config& cfg) : cfg_(cfg), rails_(cfg.rail) {}
+
+  /// A request after resolution: where its bytes are on both sides.
+  struct resolved_request {
+    const local_buffer* local;
+    std::shared_ptr<const remote_segment> seg;
+    int peer_buffer;
+    std::uint64_t remote_addr;
+  };
+  /// Candidate NICs of one extent, as device ids (stack storage for plan::candidates).
+  struct candidate_lists {
+    std::array<std::uint16_t, kMaxContexts> local_preferred, local_available;
+    std::array<std::uint16_t, 64> peer_preferred, peer_available;
+    std::size_t nlp = 0, nla = 0, npp = 0, npa = 0;
+    [[nodiscard]] plan::candidates view() const noexcept {
+      return {{local_preferred.data(), nlp}, {local_available.data(), nla}, {peer_preferred.data(), npp},
+              {peer_available.data(), npa}};
+    }
+  };
+
+  // transport_dispatch.hpp
+  [[nodiscard]] status plan_and_dispatch(detail::batch_state& b, std::size_t used,
+                                         std::span<const transfer_request> requests,
+                                         std::span<const resolved_request> res);
   void on_failed(detail::slice& s, errc e) noexcept;
-  [[nodiscard]] int pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry, std::uint32_t rnd) const noexcept;
+  void fill_candidates(const local_buffer& lb, std::uint64_t local_addr, const remote_segment& seg,
+                       const remote_buffer& pb, std::uint64_t remote_addr, candidate_lists& out) const noexcept;
+  [[nodiscard]] std::uint32_t active_mask() const noexcept;
+  /// Points slice `s` at rail `r` (keys, path, health) and charges its NIC.
+  void bind_rail(detail::slice& s, const local_buffer& lb, const remote_segment& seg, const remote_buffer& pb,
+                 plan::rail r, std::int64_t now_ns) noexcept;
+  void dispatch_one(detail::slice& s) noexcept;
+  [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
+
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
 
   transport_config cfg_;
@@ -124,8 +184,19 @@ class rdma_transport {
   std::vector<std::shared_ptr<const remote_segment>> segments_;  ///< by segment_id
 
   std::unique_ptr<batch_table> batches_;
+
+  plan::planner_config plan_cfg_;
+  plan::rail_table rails_;
+  std::unique_ptr<plan::nic_load[]> loads_;  ///< by device id
+  std::optional<plan::path_selector<typename P::path>> paths_;
+  /// By segment id, under seg_mu_.  Rail maps are never freed while the
+  /// transport lives (slices point at them); a replaced one stays in rail_map_store_.
+  std::vector<const plan::rail_map*> rail_maps_;
+  std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
 };
 
 }  // namespace tide::rdma
 
 #include <tide/rdma/detail/rdma_transport_impl.hpp>
+#include <tide/rdma/detail/transport_connect.hpp>
+#include <tide/rdma/detail/transport_dispatch.hpp>

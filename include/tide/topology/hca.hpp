@@ -34,6 +34,7 @@ struct port_info {
   std::string link_layer;  ///< "Ethernet" or "InfiniBand"
   std::uint16_t lid = 0;
   std::vector<gid_entry> gids;  ///< only the non-zero entries
+  std::string rate;  ///< speed x width as sysfs prints it, e.g. "100 Gb/sec (4X EDR)"; "" when absent
 };
 
 struct hca_info {

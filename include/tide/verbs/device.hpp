@@ -50,6 +50,7 @@ class device_list {
 struct async_event {
   ibv_event_type type{};
   ibv_qp* qp = nullptr;       ///< for QP events
+  std::uint32_t qp_num = 0;   ///< for QP events: read before the event was acknowledged
   ibv_cq* cq = nullptr;       ///< for CQ events
   ibv_srq* srq = nullptr;     ///< for SRQ events
   int port_num = 0;           ///< for port events

@@ -16,6 +16,9 @@ namespace tide::policy {
 class busy_poll {
  public:
   static constexpr std::string_view kName = "busy_poll";
+  /// It never sleeps, so nothing needs to wake it; false keeps a worker
+  /// with completions outstanding polling (the same thing here).
+  static constexpr bool wakes_on_completion = false;
   struct config {};
 
   [[nodiscard]] static result<busy_poll> create(const config& /*cfg*/) { return busy_poll{}; }

@@ -37,6 +37,8 @@ namespace tide::policy {
 class cq_event {
  public:
   static constexpr std::string_view kName = "cq_event";
+  /// It sleeps on the completion channels of the attached CQs.
+  static constexpr bool wakes_on_completion = true;
 
   struct config {
     /// Longest single sleep (a safety net; wake-ups do not depend on it).  > 0.

@@ -24,6 +24,11 @@
 ///
 /// Members of a strategy I (all but create/attach are noexcept):
 ///   static constexpr std::string_view kName;
+///   static constexpr bool wakes_on_completion;
+///       true when on_empty() returns on a completion of an attached CQ
+///       (the strategy sleeps on the completion channel).  A worker with
+///       completions outstanding calls on_empty() only when this is true;
+///       otherwise it keeps polling, so it never sleeps past a completion.
 ///   struct config;                          default-constructible tunables
 ///   static result<I> create(const config&)  errc::config_invalid for a bad
 ///       tunable; errc::resource_exhausted when an fd cannot be made.
@@ -73,6 +78,7 @@ template <class I>
 concept idle_strategy =
     requires {
       { I::kName } -> std::convertible_to<std::string_view>;
+      { I::wakes_on_completion } -> std::convertible_to<bool>;
       typename I::config;
     } && std::move_constructible<I> && std::default_initializable<typename I::config> &&
     requires(I& i, const typename I::config& c, ibv_cq* cq, ibv_comp_channel* ch, detail::repass_archetype& f) {

@@ -23,6 +23,11 @@
 namespace tide::rdma {
 class endpoint;
 }
+namespace tide::rdma::plan {
+class nic_load;
+class rail_state;
+struct rail_map;
+}
 
 namespace tide::rdma::detail {
 
@@ -47,6 +52,19 @@ struct slice {
   std::uint8_t qp = 0;             ///< QP index inside `ep`
   endpoint* ep = nullptr;          ///< where it was posted (outstanding accounting)
   const std::string* peer_path = nullptr;  ///< "<peer server>@<peer nic>", owned by the peer segment
+
+  // ---- planning and rails (include/tide/rdma/plan/; retire with detail::retire_wr) ----
+  /// This slice's own task's bytes when it heads a WR of coalesced requests
+  /// (then `length` is the whole WR); 0 when the WR is this slice alone.
+  std::uint32_t share = 0;
+  slice* rider = nullptr;                  ///< next piece of the same WR (another task's), never posted
+  plan::nic_load* charged = nullptr;       ///< the NIC whose in-flight bytes count this WR, until it leaves
+  plan::rail_state* rail = nullptr;        ///< the rail it was sent on (health feedback)
+  const plan::rail_map* rails = nullptr;   ///< the target's rail map (for a retry)
+  std::uint32_t peer_nic = 0;              ///< rail_table id of the peer NIC
+  std::int64_t dispatched_ns = 0;          ///< steady clock, when handed to a lane
+  bool inline_data = false;                ///< small enough for IBV_SEND_INLINE; the lane decides
+  bool probe = false;                      ///< the one slice a paused rail lets through
 };
 
 struct task_state {

@@ -1,5 +1,9 @@
 #pragma once
-// Member definitions of rdma_transport<P> (included by rdma_transport.hpp).
+// Member definitions of rdma_transport<P>, part one (included by
+// rdma_transport.hpp): setup and teardown, local memory, remote segments, and
+// the resolution of a submit's requests.  Planning, rail choice, dispatch and
+// retry are in transport_dispatch.hpp; the passive handshake in
+// transport_connect.hpp.
 
 namespace tide::rdma {
 
@@ -19,6 +23,9 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   t->publish_ = std::move(publish);
   t->refresh_ = std::move(refresh);
   t->peer_gid_ = std::move(peer_gid);
+  std::map<std::string, int> hca_numa;  // device -> sysfs numa_node (finding 17)
+  if (auto hcas = topology::scan_hcas(cfg.context.sysfs_root))
+    for (const auto& h : *hcas) hca_numa[h.name] = h.numa_node;
   if (!cfg.custom_topology_json.empty()) {
     auto m = topology::priority_matrix::from_json(cfg.custom_topology_json);
     if (!m) return fail(errc::config_invalid, "custom topology: " + m.error().detail);
@@ -38,15 +45,42 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   }
   if (t->matrix_.devices().size() > kMaxContexts)
     return fail(errc::config_invalid, "at most " + std::to_string(kMaxContexts) + " devices");
+  t->plan_cfg_.slice_size = cfg.slice_size;
+  t->plan_cfg_.fragment_limit = cfg.fragment_limit;
+  t->plan_cfg_.max_wrs_write = cfg.max_wrs_write;
+  t->plan_cfg_.max_wrs_read = cfg.max_wrs_read;
+  t->plan_cfg_.max_msg_size = cfg.max_msg_size;
+  t->plan_cfg_.inline_limit = cfg.inline_limit;
+  t->plan_cfg_.coalesce = cfg.coalesce;
+  if (auto r = t->plan_cfg_.validate(); !r) return fail(r.error());
+  if (auto r = cfg.rail.validate(); !r) return fail(r.error());
+  // Prior bandwidth of each NIC: its port's rate in sysfs (speed x width).
+  const std::size_t ndev = t->matrix_.devices().size();
+  t->loads_.reset(new plan::nic_load[ndev]);
+  if (auto hcas = topology::scan_hcas(cfg.context.sysfs_root)) {
+    for (std::size_t i = 0; i < ndev; ++i)
+      for (const auto& h : *hcas)
+        if (h.name == t->matrix_.devices()[i])
+          for (const auto& port : h.ports)
+            if (port.number == cfg.context.port) t->loads_[i].set_prior(plan::rate_text_to_bps(port.rate));
+  }
+  t->paths_.emplace(t->rails_, std::span<plan::nic_load>(t->loads_.get(), ndev));
   rdma_transport* self = t.get();
   for (std::size_t i = 0; i < t->matrix_.devices().size(); ++i) {
     context_config cc = cfg.context;
     cc.device = t->matrix_.devices()[i];
     typename context_type::hooks h{send, [self](detail::slice& s, errc e) { self->on_failed(s, e); }};
+    if (hca_numa.count(cc.device) != 0) cc.numa_node = hca_numa[cc.device];  // lanes run on their NIC's node
     auto c = context_type::create(cc, static_cast<std::uint16_t>(i), std::move(h));
     if (!c) return fail(c.error());
+    if (cfg.slice_size > (*c)->max_msg_size())
+      return fail(errc::config_invalid, "slice_size " + std::to_string(cfg.slice_size) + " is above " + cc.device +
+                                            "'s max_msg_sz " + std::to_string((*c)->max_msg_size()));
     t->contexts_.push_back(std::move(*c));
   }
+  // No WR longer than any device takes.
+  for (const auto& c : t->contexts_) t->plan_cfg_.max_msg_size = std::min<std::uint64_t>(t->plan_cfg_.max_msg_size, c->max_msg_size());
+  if (auto r = t->plan_cfg_.validate(); !r) return fail(r.error());
   return t;
 }
 
@@ -165,7 +199,7 @@ status rdma_transport<P>::set_segment(segment_id id, const segment_desc& d) {
   std::unique_lock lock(seg_mu_);
   if (segments_.size() <= id) segments_.resize(id + 1);
   segments_[id] = std::move(*seg);
-  return {};
+  return set_rail_map(id, d);
 }
 
 template <class P>
@@ -184,19 +218,6 @@ void rdma_transport<P>::drop_segment(segment_id id) {
 // ---------------------------------------------------------------- batches
 
 template <class P>
-int rdma_transport<P>::pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry,
-                                  std::uint32_t rnd) const noexcept {
-  const auto& e = b.chooser.entry_at(offset);
-  const std::size_t n = contexts_.size();
-  for (std::size_t k = 0; k <= n; ++k) {
-    const int id = e.select(retry + static_cast<unsigned>(k), rnd);
-    if (id >= 0 && static_cast<std::size_t>(id) < n && contexts_[static_cast<std::size_t>(id)]->active()) return id;
-    if (retry == 0 && k == 0) retry = 1;
-  }
-  return -1;
-}
-
-template <class P>
 status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) {
   detail::batch_state* b = batches_->lookup(id);
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
@@ -207,18 +228,12 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
                                       std::to_string(b->capacity - used));
   if (requests.empty()) return {};
 
-  struct resolved {
-    const local_buffer* local;
-    std::shared_ptr<const remote_segment> seg;
-    int peer_buffer;
-    std::uint64_t remote_addr;
-  };
   // Small batches resolve on the stack; big ones allocate once per submit.
-  std::array<resolved, 32> small;
-  std::vector<resolved> big;
-  std::span<resolved> res;
+  std::array<resolved_request, 32> small;
+  std::vector<resolved_request> big;
+  std::span<resolved_request> res;
   if (requests.size() <= small.size()) {
-    res = std::span<resolved>(small.data(), requests.size());
+    res = std::span<resolved_request>(small.data(), requests.size());
   } else {
     big.resize(requests.size());
     res = big;
@@ -264,164 +279,8 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     }
   }
 
-  // Build the slices and chain them per (context, shard): one push per chain.
-  using chain = std::pair<detail::slice*, detail::slice*>;
-  std::array<chain, kMaxContexts * shards::kShards> chains{};
-  const auto now = std::chrono::steady_clock::now();
-  std::size_t total = 0;
-  const std::size_t ss = cfg_.slice_size;
-  const std::size_t frag = cfg_.fragment_limit;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const auto& r = requests[i];
-    detail::task_state& t = b->tasks[used + i];
-    // Slices of slice_size; a tail up to fragment_limit joins the last one.
-    const std::size_t q = r.length / ss;
-    const std::size_t rem = r.length % ss;
-    const std::size_t n = rem == 0 ? q : (rem <= frag && q >= 1 ? q : q + 1);
-    t.slices.resize(n);
-    t.target = r.target;
-    t.deadline = now + cfg_.transfer_timeout;
-    t.bytes.store(0, std::memory_order_relaxed);
-    t.reason.store(errc::ok, std::memory_order_relaxed);
-    t.any_failed.store(false, std::memory_order_relaxed);
-    t.slices_left.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
-    t.state.store(transfer_state::pending, std::memory_order_relaxed);
-    const local_buffer& lb = *res[i].local;
-    const remote_segment& seg = *res[i].seg;
-    const remote_buffer& pb = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)];
-    const auto src = reinterpret_cast<std::uint64_t>(r.source);
-    std::uint64_t off = 0;
-    for (std::size_t k = 0; k < n; ++k) {
-      detail::slice& s = t.slices[k];
-      const std::uint64_t len = k + 1 == n ? r.length - off : ss;
-      s = {};
-      s.task = &t;
-      s.local_addr = src + off;
-      s.remote_addr = res[i].remote_addr + off;
-      s.length = static_cast<std::uint32_t>(len);
-      s.op = r.op;
-      s.local_buffer = 0;
-      s.peer_buffer = static_cast<std::uint32_t>(res[i].peer_buffer);
-      const std::uint32_t rnd = topology::fast_random();
-      const int ld = pick_local(lb, s.local_addr - lb.addr, 0, rnd);
-      const int pd = seg.choose(pb, s.remote_addr - pb.addr, 0, rnd >> 8);
-      if (ld < 0 || pd < 0) [[unlikely]] {
-        // No usable NIC: retire as failed once the batch counts it (below).
-        s.local_device = 0xffff;
-      } else {
-        s.local_device = static_cast<std::uint16_t>(ld);
-        s.peer_device = static_cast<std::uint16_t>(pd);
-        s.lkey = lb.lkeys[static_cast<std::size_t>(ld)];
-        s.rkey = pb.rkeys[static_cast<std::size_t>(pd)];
-        s.peer_path = &seg.nic_paths[static_cast<std::size_t>(pd)];
-      }
-      off += len;
-    }
-    t.keep_alive = res[i].seg;
-    total += n;
-  }
-  local_lock.unlock();
-  b->unfinished.fetch_add(requests.size(), std::memory_order_relaxed);
-  b->inflight.fetch_add(total, std::memory_order_relaxed);
-  b->used.store(used + requests.size(), std::memory_order_release);
-
-  std::size_t nctx_used = 0;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    detail::task_state& t = b->tasks[used + i];
-    for (auto& s : t.slices) {
-      if (s.local_device == 0xffff) [[unlikely]] {
-        detail::retire_slice(s, errc::context_inactive);
-        continue;
-      }
-      const std::size_t shard = shards::shard_of(t.target, s.peer_device, *s.peer_path);
-      chain& c = chains[s.local_device * shards::kShards + shard];
-      s.next = nullptr;
-      if (c.first == nullptr) {
-        c.first = c.second = &s;
-      } else {
-        c.second->next = &s;
-        c.second = &s;
-      }
-      nctx_used = std::max<std::size_t>(nctx_used, s.local_device + 1u);
-    }
-  }
-  for (std::size_t d = 0; d < nctx_used; ++d)
-    for (std::size_t sh = 0; sh < shards::kShards; ++sh)
-      if (chain& c = chains[d * shards::kShards + sh]; c.first != nullptr)
-        contexts_[d]->pool().submit(sh, c.first, c.second);
-  return {};
-}
-
-template <class P>
-void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
-  detail::task_state& t = *s.task;
-  const bool final = is_final(t.state.load(std::memory_order_acquire));
-  const bool retriable = e != errc::canceled && e != errc::timed_out && !final;
-  if (!retriable || s.retries >= cfg_.max_retry) {
-    detail::retire_slice(s, e);
-    return;
-  }
-  ++s.retries;
-  const auto* seg = static_cast<const remote_segment*>(t.keep_alive.get());
-  int ld = -1;
-  std::uint32_t lkey = 0;
-  {
-    std::shared_lock lock(local_mu_);
-    if (const local_buffer* lb = find_local(s.local_addr, s.length)) {
-      ld = pick_local(*lb, s.local_addr - lb->addr, s.retries, 0);
-      if (ld >= 0) lkey = lb->lkeys[static_cast<std::size_t>(ld)];
-    }
-  }
-  const remote_buffer& pb = seg->buffers[s.peer_buffer];
-  const int pd = seg->choose(pb, s.remote_addr - pb.addr, s.retries, 0);
-  if (ld < 0 || pd < 0) {
-    detail::retire_slice(s, e);
-    return;
-  }
-  TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries) << " on "
-                          << contexts_[static_cast<std::size_t>(ld)]->name() << " -> "
-                          << seg->nic_paths[static_cast<std::size_t>(pd)]);
-  s.local_device = static_cast<std::uint16_t>(ld);
-  s.peer_device = static_cast<std::uint16_t>(pd);
-  s.lkey = lkey;
-  s.rkey = pb.rkeys[static_cast<std::size_t>(pd)];
-  s.peer_path = &seg->nic_paths[static_cast<std::size_t>(pd)];
-  s.ep = nullptr;
-  s.next = nullptr;
-  const std::size_t shard = shards::shard_of(t.target, s.peer_device, *s.peer_path);
-  contexts_[static_cast<std::size_t>(ld)]->pool().submit(shard, &s, &s);
-}
-
-template <class P>
-handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req) {
-  const auto at = req.peer_nic_path.find('@');
-  const std::string_view nic = at == std::string::npos ? std::string_view{} : std::string_view(req.peer_nic_path).substr(at + 1);
-  auto reject = [&](std::string why) {
-    handshake_desc r;
-    r.local_nic_path = req.peer_nic_path;
-    r.peer_nic_path = req.local_nic_path;
-    r.reply_msg = std::move(why);
-    return r;
-  };
-  for (auto& c : contexts_) {
-    if (c->name() != nic) continue;
-    // A ready ack carries no GID the passive side needs; only connects do.
-    if (req.local_gid || req.ready_ack.value_or(false)) return c->handle_connect(req);
-    // Mooncake peers may send local_gid "" and expect the GID to be read
-    // from their published devices[] (RE:539-558): <segment>@<device>.
-    const auto peer_at = req.local_nic_path.find('@');
-    if (peer_at == std::string::npos || peer_at == 0 || peer_at + 1 == req.local_nic_path.size())
-      return reject("Invalid peer GID: no GID sent and local_nic_path \"" + req.local_nic_path +
-                    "\" is not <segment>@<device>");
-    if (!peer_gid_) return reject("Invalid peer GID: no GID sent and no metadata to look it up");
-    const std::string_view path = req.local_nic_path;
-    auto gid = peer_gid_(path.substr(0, peer_at), path.substr(peer_at + 1));
-    if (!gid) return reject("Invalid peer GID: " + gid.error().detail);
-    handshake_desc with_gid = req;
-    with_gid.local_gid = *gid;
-    return c->handle_connect(with_gid);
-  }
-  return reject("Local RDMA context not found: " + std::string(nic));
+  // The local buffer table stays shared-locked through planning: res[].local points into it.
+  return plan_and_dispatch(*b, used, requests, res);
 }
 
 }  // namespace tide::rdma

@@ -1,0 +1,250 @@
+#pragma once
+/// rdma::connector<P> — connection setup for one rdma_context, off the
+/// lanes: the active handshake runs on a small Boost.Asio thread pool, the
+/// passive one on the handshake service's thread.  Neither moves a QP: both
+/// send "connect QP i" to lane i and wait (bounded) for every lane's answer
+/// before the endpoint becomes connected (and, passively, before replying).
+///
+/// Threads: start_active() from a lane (never blocks it: one post to the
+/// pool); accept() from the handshake service; stop() from the owner.  An
+/// endpoint's setup rounds are serialized by its setup_mutex(), which no
+/// lane ever takes and which is never held across network I/O.
+///
+/// Simultaneous open (both ends connect at once) is settled by the NIC
+/// paths: the end with the smaller local path stays active and rejects the
+/// other's request; the other accepts, and its own attempt, rejected by the
+/// peer, finds the endpoint no longer `connecting` and gives up quietly.
+/// A request with new QP numbers for a connected endpoint (the peer
+/// restarted, or re-handshakes) retires the old endpoint (its lanes flush
+/// it) and accepts on a fresh one.
+
+#include <tide/detail/log.hpp>
+#include <tide/rdma/endpoint.hpp>
+#include <tide/rdma/endpoint_store.hpp>
+#include <tide/rdma/lane.hpp>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+namespace tide::rdma {
+
+template <class P>
+class rdma_context;
+
+template <class P>
+class connector {
+ public:
+  using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
+  /// How long a setup thread waits for the lanes' answers.
+  static constexpr std::chrono::milliseconds kLaneAnswerTimeout{10000};
+  static constexpr std::size_t kThreads = 2;
+
+  connector(rdma_context<P>& ctx, handshake_sender send) : ctx_(ctx), send_(std::move(send)) {}
+  connector(const connector&) = delete;
+  connector& operator=(const connector&) = delete;
+  ~connector() { stop(); }
+
+  /// Refuses new work and joins the pool (a handshake in flight finishes
+  /// within its own timeouts).  Idempotent; setup path.
+  void stop() noexcept {
+    stopping_.store(true, std::memory_order_release);
+    pool_.join();
+  }
+
+  /// Starts the active handshake of `h` (already moved to connecting by the
+  /// caller's begin_connect()).  Any thread; one post to the pool.
+  void start_active(const handle& h) noexcept {
+    if (stopping_.load(std::memory_order_acquire)) {
+      fail_connect(*h, errc::endpoint_closed, "context stopping");
+      return;
+    }
+    try {
+      boost::asio::post(pool_, [this, h]() mutable { run_active(h); });
+    } catch (...) {
+      fail_connect(*h, errc::resource_exhausted, "cannot queue the handshake");
+    }
+  }
+
+  /// The passive side of a Connection request (not a ready ack) for this
+  /// context.  Returns the reply (reply_msg set on rejection).  Handshake
+  /// service thread; blocks for the lanes' answers (bounded).
+  [[nodiscard]] handshake_desc accept(const handshake_desc& req) {
+    auto reject = [&](std::string why) {
+      handshake_desc r;
+      r.local_nic_path = ctx_.nic_path();
+      r.peer_nic_path = req.local_nic_path;
+      r.reply_msg = std::move(why);
+      return r;
+    };
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      auto h = ctx_.endpoint_for(req.local_nic_path);
+      if (!h) return reject(h.error().message());
+      endpoint& e = **h;
+      std::unique_lock setup(e.setup_mutex());
+      auto st = e.state();
+      const bool connected = st == endpoint_state::connected || st == endpoint_state::connected_wait_ready_ack;
+      if (connected && req.qp_num == e.peer_qp_nums()) {
+        // A duplicate: keep the connection.
+        auto reply = e.local_desc(true);
+        if (!req.psn) reply.psn.reset();
+        return reply;
+      }
+      if (st == endpoint_state::connecting && ctx_.nic_path() < req.local_nic_path)
+        return reject("simultaneous open: " + ctx_.nic_path() + " connects as the active side");
+      if (st != endpoint_state::unconnected && st != endpoint_state::connecting) {
+        // Connected to older peer QPs (the peer restarted or re-handshakes),
+        // half set up, or being evicted: a fresh endpoint takes the request.
+        setup.unlock();
+        ctx_.retire_endpoint(*h);
+        continue;
+      }
+      auto route = e.route_to(req);
+      if (!route) return reject(route.error().message());
+      // Takes it from unconnected or from our own active attempt (which then
+      // finds it no longer connecting); a lane may race us with begin_connect.
+      if (!e.transition(st, endpoint_state::establishing)) {
+        st = e.state();
+        if (st == endpoint_state::connecting && e.transition(st, endpoint_state::establishing)) {
+          // the lane just asked for a connect: ours wins, theirs gives up
+        } else {
+          setup.unlock();
+          continue;
+        }
+      }
+      auto shared_route = std::make_shared<const peer_route>(std::move(*route));
+      if (auto r = establish(e, shared_route); !r) {
+        e.set_state(endpoint_state::destroying);
+        setup.unlock();
+        ctx_.retire_endpoint(*h);
+        return reject("cannot connect the QPs: " + r.error().message());
+      }
+      if (req.ready_ack.has_value()) {
+        e.set_ack_deadline(std::chrono::steady_clock::now() + ctx_.ready_ack_timeout());
+        e.set_state(endpoint_state::connected_wait_ready_ack);
+      } else {
+        e.set_state(endpoint_state::connected);
+      }
+      setup.unlock();
+      ctx_.lanes().wake_all();
+      auto reply = e.local_desc(true);
+      if (!req.psn) reply.psn.reset();  // a Mooncake peer: both ends start at PSN 0
+      return reply;
+    }
+    return reject("endpoint to " + req.local_nic_path + " is busy; retry");
+  }
+
+  /// Passive side of the ready ack.  Returns "" on success, else the reason.
+  [[nodiscard]] std::string ready_ack(const handshake_desc& ack) {
+    handle h = ctx_.find_endpoint(ack.local_nic_path);
+    if (!h) return "Received RDMA ready ACK for unconnected endpoint";
+    std::lock_guard setup(h->setup_mutex());
+    const auto st = h->state();
+    if (st != endpoint_state::connected && st != endpoint_state::connected_wait_ready_ack)
+      return "Received RDMA ready ACK for unconnected endpoint";
+    if (ack.qp_num != h->peer_qp_nums()) return "Received stale RDMA ready ACK with mismatched peer QP numbers";
+    h->set_state(endpoint_state::connected);
+    ctx_.lanes().wake_all();
+    return {};
+  }
+
+ private:
+  // Lanes move their QPs; the caller holds e's setup mutex.
+  status establish(endpoint& e, std::shared_ptr<const peer_route> route) {
+    auto latch = ctx_.lanes().send_connect(e, route);
+    if (auto r = latch->wait(kLaneAnswerTimeout); !r) return r;
+    e.set_peer(*route);
+    return {};
+  }
+
+  void fail_connect(endpoint& e, errc code, const std::string& why) noexcept {
+    if (code != errc::ok) {
+      TIDE_LOG_WARN(ctx_.name() << ": connect to " << e.peer_nic_path() << " failed: " << why);
+      e.set_connect_error(code);
+    }
+    e.set_state(endpoint_state::destroying);
+    ctx_.retire_endpoint_ptr(&e);
+    ctx_.lanes().wake_all();  // lanes with slices for it fail them with `code`
+  }
+
+  void run_active(const handle& h) noexcept {
+    endpoint& e = *h;
+    handshake_desc request;
+    {
+      std::lock_guard setup(e.setup_mutex());
+      if (e.state() != endpoint_state::connecting) return;  // accepted passively meanwhile
+      request = e.local_desc(/*with_ready_ack=*/true);
+    }
+    result<handshake_desc> reply = fail(errc::handshake_failed, "not sent");
+    try {
+      reply = send_(e.peer_nic_path(), request);
+    } catch (const std::exception& x) {
+      reply = fail(errc::handshake_failed, x.what());
+    }
+    std::unique_lock setup(e.setup_mutex());
+    if (e.state() != endpoint_state::connecting) return;  // the peer's request won, or evicted
+    if (!reply) {
+      setup.unlock();
+      fail_connect(e, reply.error().code, reply.error().message());
+      return;
+    }
+    if (!reply->reply_msg.empty()) {
+      setup.unlock();
+      // Simultaneous open lost: the peer's own request is on its way and
+      // will be accepted here; the lanes just look the endpoint up again.
+      const bool lost_race = reply->reply_msg.rfind("simultaneous open", 0) == 0;
+      fail_connect(e, lost_race ? errc::ok : errc::handshake_rejected,
+                   e.peer_nic_path() + " rejected the connection: " + reply->reply_msg);
+      return;
+    }
+    if (reply->local_nic_path != e.peer_nic_path() || reply->peer_nic_path != e.local_nic_path()) {
+      setup.unlock();
+      fail_connect(e, errc::handshake_rejected,
+                   "peer nic path inconsistency: expected " + e.peer_nic_path() + " -> " + e.local_nic_path() +
+                       ", got " + reply->local_nic_path + " -> " + reply->peer_nic_path);
+      return;
+    }
+    auto route = e.route_to(*reply);
+    if (!route) {
+      setup.unlock();
+      fail_connect(e, route.error().code, route.error().message());
+      return;
+    }
+    e.set_state(endpoint_state::establishing);
+    auto shared_route = std::make_shared<const peer_route>(std::move(*route));
+    if (auto r = establish(e, shared_route); !r) {
+      setup.unlock();
+      fail_connect(e, r.error().code, r.error().message());
+      return;
+    }
+    e.set_state(endpoint_state::connected);
+    setup.unlock();
+    ctx_.lanes().wake_all();
+    if (reply->ready_ack.has_value()) {
+      auto ack = e.local_desc(true);
+      ack.ready_ack = true;
+      if (!reply->psn) ack.psn.reset();
+      result<handshake_desc> r = fail(errc::handshake_failed, "not sent");
+      try {
+        r = send_(e.peer_nic_path(), ack);
+      } catch (const std::exception& x) {
+        r = fail(errc::handshake_failed, x.what());
+      }
+      if (!r || !r->reply_msg.empty())
+        TIDE_LOG_WARN("ready ack to " << e.peer_nic_path() << " failed: "
+                                      << (r ? r->reply_msg : r.error().message()) << " (the peer times out and proceeds)");
+    }
+  }
+
+  rdma_context<P>& ctx_;
+  handshake_sender send_;
+  std::atomic<bool> stopping_{false};
+  boost::asio::thread_pool pool_{kThreads};
+};
+
+}  // namespace tide::rdma

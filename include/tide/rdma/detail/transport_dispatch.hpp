@@ -1,0 +1,271 @@
+#pragma once
+// Member definitions of rdma_transport<P>, the data path after resolution
+// (included by rdma_transport.hpp):
+//   plan (plan::plan) -> path (P::path through plan::path_selector, rail
+//   health) -> slices -> dispatch to the lanes of each local NIC;
+//   on_failed: the rail learns, the slice goes to the next healthy rail.
+// Threads: plan_and_dispatch runs on the submitting thread (under the batch's
+// submit mutex and the local buffer table's shared lock); on_failed on the
+// lane that saw the failure.  Shared state: the rail table and the NIC loads
+// (atomics), the path policy (thread-safe by its concept).
+
+namespace tide::rdma {
+
+template <class P>
+std::uint32_t rdma_transport<P>::active_mask() const noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < contexts_.size(); ++i)
+    if (contexts_[i]->active()) m |= 1u << i;
+  return m;
+}
+
+template <class P>
+void rdma_transport<P>::fill_candidates(const local_buffer& lb, std::uint64_t local_addr, const remote_segment& seg,
+                                        const remote_buffer& pb, std::uint64_t remote_addr,
+                                        candidate_lists& out) const noexcept {
+  const auto& le = lb.chooser.entry_at(local_addr - lb.addr);
+  out.nlp = out.nla = out.npp = out.npa = 0;
+  for (auto d : le.preferred)
+    if (out.nlp < out.local_preferred.size()) out.local_preferred[out.nlp++] = d;
+  for (auto d : le.available)
+    if (out.nla < out.local_available.size()) out.local_available[out.nla++] = d;
+  // The peer's matrix numbers its NICs its own way: map to descriptor indices.
+  const auto& pe = pb.chooser.entry_at(remote_addr - pb.addr);
+  auto map = [&](std::uint16_t id, std::array<std::uint16_t, 64>& to, std::size_t& n) {
+    if (id < seg.to_desc.size() && seg.to_desc[id] >= 0 && n < to.size())
+      to[n++] = static_cast<std::uint16_t>(seg.to_desc[id]);
+  };
+  for (auto id : pe.preferred) map(id, out.peer_preferred, out.npp);
+  for (auto id : pe.available) map(id, out.peer_available, out.npa);
+}
+
+template <class P>
+void rdma_transport<P>::bind_rail(detail::slice& s, const local_buffer& lb, const remote_segment& seg,
+                                  const remote_buffer& pb, plan::rail r, std::int64_t now_ns) noexcept {
+  s.local_device = r.local;
+  s.peer_device = r.peer;
+  s.lkey = lb.lkeys[r.local];
+  s.rkey = pb.rkeys[r.peer];
+  s.peer_path = &seg.nic_paths[r.peer];
+  s.peer_nic = s.rails != nullptr && r.peer < s.rails->peer_ids.size() ? s.rails->peer_ids[r.peer]
+                                                                        : plan::rail_table::kNoPeer;
+  s.rail = s.peer_nic != plan::rail_table::kNoPeer ? &rails_.at(r.local, s.peer_nic) : nullptr;
+  s.probe = r.probe;
+  s.dispatched_ns = now_ns;
+  s.charged = &loads_[r.local];
+  s.charged->dispatched(s.length);
+}
+
+template <class P>
+void rdma_transport<P>::dispatch_one(detail::slice& s) noexcept {
+  s.ep = nullptr;
+  s.next = nullptr;
+  contexts_[s.local_device]->dispatch(&s, &s);
+}
+
+template <class P>
+status rdma_transport<P>::set_rail_map(segment_id id, const segment_desc& d) {
+  // Caller holds seg_mu_ exclusively.
+  const remote_segment& seg = *segments_[id];
+  std::vector<plan::gid_raw> local_gids, peer_gids;
+  for (const auto& c : contexts_) local_gids.push_back(c->gid().raw);
+  for (std::size_t i = 0; i < seg.nic_paths.size(); ++i)
+    peer_gids.push_back(i < d.devices.size() ? d.devices[i].gid.raw : plan::gid_raw{});
+  auto m = std::make_unique<const plan::rail_map>(plan::rail_map::build(rails_, local_gids, seg.nic_paths, peer_gids));
+  if (rail_maps_.size() <= id) rail_maps_.resize(id + 1, nullptr);
+  rail_maps_[id] = m.get();
+  rail_map_store_.push_back(std::move(m));
+  return {};
+}
+
+template <class P>
+status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t used,
+                                            std::span<const transfer_request> requests,
+                                            std::span<const resolved_request> res) {
+  // Per submitting thread, reused: planning allocates only when a submit is bigger than any before.
+  thread_local std::vector<plan::request_extent> extents;
+  thread_local plan::slice_plan planned;
+  thread_local std::vector<std::uint32_t> wr_bytes;
+  thread_local std::vector<plan::rail> wr_rails;
+  thread_local std::vector<detail::slice*> heads;
+  thread_local std::vector<const plan::rail_map*> maps;
+  extents.resize(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
+    extents[i] = {reinterpret_cast<std::uint64_t>(r.source), res[i].remote_addr, r.length, r.op, r.target,
+                  reinterpret_cast<std::uint64_t>(res[i].local), static_cast<std::uint32_t>(res[i].peer_buffer)};
+  }
+  if (auto r = plan::plan(plan_cfg_, extents, planned); !r) return r;
+  maps.assign(requests.size(), nullptr);
+  {
+    std::shared_lock seg_lock(seg_mu_);
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      maps[i] = requests[i].target < rail_maps_.size() ? rail_maps_[requests[i].target] : nullptr;
+  }
+
+  const auto now = std::chrono::steady_clock::now();
+  const std::int64_t now_ns = detail::steady_now_ns();
+  const std::int64_t now_us = now_ns / 1000;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    detail::task_state& t = b.tasks[used + i];
+    const std::uint32_t n = planned.requests[i].piece_count;
+    t.slices.resize(n);
+    t.target = requests[i].target;
+    t.deadline = now + cfg_.transfer_timeout;
+    t.bytes.store(0, std::memory_order_relaxed);
+    t.reason.store(errc::ok, std::memory_order_relaxed);
+    t.any_failed.store(false, std::memory_order_relaxed);
+    t.slices_left.store(n, std::memory_order_relaxed);
+    t.state.store(transfer_state::pending, std::memory_order_relaxed);
+    t.keep_alive = res[i].seg;
+    total += n;
+  }
+
+  const std::uint32_t active = active_mask();
+  heads.clear();
+  candidate_lists cands;
+  for (const auto& g : planned.groups) {
+    const std::size_t fr = g.first_request;
+    const local_buffer& lb = *res[fr].local;
+    const remote_segment& seg = *res[fr].seg;
+    const remote_buffer& pb = seg.buffers[static_cast<std::size_t>(res[fr].peer_buffer)];
+    const plan::rail_map* rm = maps[fr];
+    wr_bytes.resize(g.wr_count);
+    wr_rails.resize(g.wr_count);
+    for (std::uint32_t k = 0; k < g.wr_count; ++k) wr_bytes[k] = planned.wrs[g.first_wr + k].length;
+    fill_candidates(lb, reinterpret_cast<std::uint64_t>(requests[fr].source), seg, pb, res[fr].remote_addr, cands);
+    const bool routed = rm != nullptr && paths_->choose(cands.view(), *rm, active, wr_bytes, g.bytes,
+                                                         topology::fast_random(), now_us, wr_rails);
+    for (std::uint32_t k = 0; k < g.wr_count; ++k) {
+      const plan::planned_wr& w = planned.wrs[g.first_wr + k];
+      detail::slice* head = nullptr;
+      detail::slice* prev = nullptr;
+      for (std::uint32_t q = 0; q < w.piece_count; ++q) {
+        const plan::planned_piece& pc = planned.pieces[w.first_piece + q];
+        detail::task_state& t = b.tasks[used + pc.request];
+        detail::slice& s = t.slices[w.first_piece + q - planned.requests[pc.request].first_piece];
+        s = {};
+        s.task = &t;
+        s.op = requests[pc.request].op;
+        s.peer_buffer = static_cast<std::uint32_t>(res[pc.request].peer_buffer);
+        s.local_addr = reinterpret_cast<std::uint64_t>(requests[pc.request].source) + pc.offset;
+        s.remote_addr = res[pc.request].remote_addr + pc.offset;
+        s.length = pc.length;
+        if (head == nullptr) {
+          head = &s;
+        } else {
+          prev->rider = &s;
+        }
+        prev = &s;
+      }
+      // The head carries the whole WR; its own share comes back at retirement (retire_wr).
+      if (w.length != head->length) head->share = head->length;
+      head->local_addr = w.local_addr;
+      head->remote_addr = w.remote_addr;
+      head->length = w.length;
+      head->inline_data = w.inline_data;
+      head->rails = rm;
+      if (routed) {
+        bind_rail(*head, lb, seg, pb, wr_rails[k], now_ns);
+      } else {
+        head->local_device = 0xffff;  // no NIC can reach the target: fails once the batch counts it (below)
+      }
+      heads.push_back(head);
+    }
+  }
+  b.unfinished.fetch_add(requests.size(), std::memory_order_relaxed);
+  b.inflight.fetch_add(total, std::memory_order_relaxed);
+  b.used.store(used + requests.size(), std::memory_order_release);
+
+  // Chain per context: one dispatch per context (the context picks the lane).
+  using chain = std::pair<detail::slice*, detail::slice*>;
+  std::array<chain, kMaxContexts> chains{};
+  std::size_t nctx_used = 0;
+  for (detail::slice* s : heads) {
+    if (s->local_device == 0xffff) [[unlikely]] {
+      detail::retire_wr(*s, errc::context_inactive);
+      continue;
+    }
+    chain& c = chains[s->local_device];
+    s->next = nullptr;
+    if (c.first == nullptr) {
+      c.first = c.second = s;
+    } else {
+      c.second->next = s;
+      c.second = s;
+    }
+    nctx_used = std::max<std::size_t>(nctx_used, s->local_device + 1u);
+  }
+  for (std::size_t d = 0; d < nctx_used; ++d)
+    if (chain& c = chains[d]; c.first != nullptr) contexts_[d]->dispatch(c.first, c.second);
+  return {};
+}
+
+template <class P>
+void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
+  detail::release_charge(s, true);
+  const std::int64_t now_us = plan::steady_now_us();
+  if (s.rail != nullptr && plan::counts_against_rail(e) && s.rail->fail(now_us, rails_.config())) [[unlikely]] {
+    const auto snap = s.rail->snapshot();
+    TIDE_LOG_WARN("rail " << contexts_[s.local_device]->name() << " -> " << *s.peer_path << " paused for "
+                          << (snap.until_us - now_us) / 1000 << " ms after " << to_string(e));
+  }
+  detail::task_state& t = *s.task;
+  const bool final = is_final(t.state.load(std::memory_order_acquire));
+  const bool retriable = e != errc::canceled && e != errc::timed_out && !final;
+  if (!retriable || s.retries >= cfg_.max_retry || s.rails == nullptr) {
+    detail::retire_wr(s, e);
+    return;
+  }
+  ++s.retries;
+  const auto* seg = static_cast<const remote_segment*>(t.keep_alive.get());
+  const remote_buffer& pb = seg->buffers[s.peer_buffer];
+  const plan::rail failed{s.local_device, s.peer_device, false};
+  plan::rail next{};
+  bool found = false;
+  // Not the rail's fault (eviction, a flushed victim, a remote access error) and the
+  // rail still healthy: the same rail again.  Otherwise never the rail that failed.
+  if (!plan::counts_against_rail(e) && s.rail != nullptr && s.rail->healthy() && contexts_[s.local_device]->active()) {
+    s.charged = &loads_[s.local_device];
+    s.charged->dispatched(s.length);
+    s.dispatched_ns = now_us * 1000;
+    dispatch_one(s);
+    return;
+  }
+  {
+    std::shared_lock lock(local_mu_);
+    if (const local_buffer* lb = find_local(s.local_addr, s.length)) {
+      candidate_lists cands;
+      fill_candidates(*lb, s.local_addr, *seg, pb, s.remote_addr, cands);
+      found = paths_->next_rail(cands.view(), *s.rails, active_mask(), failed, now_us, next);
+      if (found) bind_rail(s, *lb, *seg, pb, next, now_us * 1000);
+    }
+  }
+  if (!found) {
+    detail::retire_wr(s, e);
+    return;
+  }
+  TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries) << " on "
+                          << contexts_[next.local]->name() << " -> " << *s.peer_path << (next.probe ? " (probe)" : ""));
+  dispatch_one(s);
+}
+
+template <class P>
+plan::transport_stats rdma_transport<P>::stats() const {
+  plan::transport_stats out;
+  for (std::size_t i = 0; i < contexts_.size(); ++i) {
+    const plan::nic_load& l = loads_[i];
+    out.nics.push_back({contexts_[i]->name(), l.bytes(), l.wrs(), l.errors(), l.inflight_bytes(), l.bandwidth(),
+                        l.prior_bandwidth()});
+  }
+  const auto peers = rails_.peer_names();
+  for (std::uint32_t p = 0; p < peers.size(); ++p)
+    for (std::size_t i = 0; i < contexts_.size(); ++i) {
+      const auto snap = rails_.at(i, p).snapshot();
+      if (snap.failures != 0) out.rails.push_back({contexts_[i]->name(), peers[p], snap});
+    }
+  return out;
+}
+
+}  // namespace tide::rdma

@@ -1,0 +1,489 @@
+#pragma once
+/// rdma::lane<P> — one worker thread of a context that owns one CQ (and its
+/// completion channel) and QP i of every endpoint of the context (i = the
+/// lane's index).  Flow: dispatch -> submit queue -> lane groups the slices
+/// by peer NIC -> posts on its QP within credits -> polls its CQ -> retires
+/// the slices (the roll-up wakes wait() directly).
+///
+/// Ownership and threads:
+///  - the CQ, QP i of every endpoint (its transitions, posts, posted ring),
+///    the groups of queued slices and the credit counters: the lane thread.
+///  - submit(): any thread (MPSC slice_queue push, then the idle wake).
+///  - send(): any thread (mailbox under a mutex; control messages are rare:
+///    connect/accept, retire, CQ error); the lane handles them at the top of
+///    its next pass.
+///  - memory the lane allocates (posted rings, group vector) is first
+///    touched by the lane thread, which runs on its NIC's NUMA node.
+///
+/// Credits: the lane posts on a QP only while the QP's send queue has room
+/// and its CQ has a free entry per WR.  Every WR counts against the CQ, not
+/// only the signaled ones: a QP in error flushes every WR with a completion,
+/// signaled or not, so counting only signaled WRs could overrun the CQ
+/// exactly when things go wrong.
+
+#include <tide/detail/log.hpp>
+#include <tide/rdma/detail/policy_adapt.hpp>
+#include <tide/rdma/detail/retire_wr.hpp>
+#include <tide/rdma/detail/slice_queue.hpp>
+#include <tide/rdma/endpoint.hpp>
+#include <tide/rdma/endpoint_store.hpp>
+#include <tide/verbs/error.hpp>
+
+#include <numa.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace tide::rdma {
+
+template <class P>
+class rdma_context;
+
+/// Collects the lanes' answers to a connect message (a setup thread waits,
+/// bounded).  Shared by the waiter and the lanes (shared_ptr), so a waiter
+/// that timed out leaves nothing dangling.
+struct lane_latch {
+  explicit lane_latch(std::size_t n) : remaining(n) {}
+  void arrive(const status& s) {
+    std::lock_guard lock(mu);
+    if (!s && first_error.code == errc::ok) first_error = s.error();
+    if (--remaining == 0) cv.notify_all();
+  }
+  /// Waits until every lane answered or `timeout`.  Setup thread.
+  [[nodiscard]] status wait(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, timeout, [&] { return remaining == 0; }))
+      return fail(errc::qp_state_error, "lanes did not answer within " + std::to_string(timeout.count()) + " ms");
+    if (first_error.code != errc::ok) return fail(first_error);
+    return {};
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t remaining;
+  error first_error{errc::ok, {}};
+};
+
+/// A control message for one lane.  `ep` was hold()-ed by the sender; the
+/// lane release()s it after handling the message.
+struct lane_message {
+  enum class kind : std::uint8_t { connect, fail_qp, cq_error };
+  kind what = kind::fail_qp;
+  endpoint* ep = nullptr;
+  std::shared_ptr<const peer_route> route;  ///< connect
+  std::shared_ptr<lane_latch> latch;        ///< connect
+};
+
+template <class P>
+class lane {
+ public:
+  using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
+  static constexpr int kPollBatch = 64;  ///< completions per ibv_poll_cq
+
+  lane(rdma_context<P>& ctx, std::uint32_t index) : ctx_(ctx), index_(index) {}
+  lane(const lane&) = delete;
+  lane& operator=(const lane&) = delete;
+  ~lane() { stop(); }
+
+  /// Attaches the idle strategy to the lane's CQ and starts the thread,
+  /// bound to `numa_node` (-1: unbound).  Setup path; once.
+  [[nodiscard]] status start(int numa_node) {
+    auto idle = P::idle::create(typename P::idle::config{});
+    if (!idle) return fail(idle.error());
+    idle_.emplace(std::move(*idle));
+    cq_ = ctx_.lane_cq(index_);
+    if (auto r = idle_->attach(cq_->native_handle(), ctx_.channel(index_)); !r) return r;
+    cq_capacity_ = static_cast<std::uint32_t>(std::max(1, cq_->capacity()));
+    running_.store(true, std::memory_order_release);
+    thread_ = std::thread([this, numa_node] { run(numa_node); });
+    return {};
+  }
+
+  /// Stops and joins the thread (it drains first, bounded).  Idempotent.
+  void stop() noexcept {
+    if (running_.exchange(false, std::memory_order_acq_rel)) {
+      idle_->wake();
+      if (thread_.joinable()) thread_.join();
+    }
+    if (idle_ && cq_) idle_->detach(cq_->native_handle());
+    idle_.reset();
+  }
+
+  /// Queues the chain first..last (linked by next) and wakes the lane.
+  /// Hot path, any thread: one CAS plus the idle wake (a relaxed load, or
+  /// a futex/eventfd write when the lane sleeps).
+  void submit(detail::slice* first, detail::slice* last) noexcept {
+    queue_.push(first, last);
+    idle_->wake();
+  }
+
+  /// Queues a control message and wakes the lane.  Any thread.
+  void send(lane_message m) {
+    {
+      std::lock_guard lock(mail_mu_);
+      mail_.push_back(std::move(m));
+      // release: pairs with the acquire load in pass().
+      has_mail_.store(true, std::memory_order_release);
+    }
+    idle_->wake();
+  }
+
+  void wake() noexcept { idle_->wake(); }
+  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// The lane's current CQ (any thread may compare it; only the lane polls it).
+  [[nodiscard]] ibv_cq* native_cq() const noexcept { return native_cq_.load(std::memory_order_acquire); }
+
+ private:
+  struct group {
+    const std::string* path = nullptr;
+    detail::slice* head = nullptr;
+    detail::slice* tail = nullptr;
+    handle ep;
+  };
+
+  static void bind_to_node(int node) noexcept {
+    if (node < 0 || numa_available() < 0) return;
+    if (numa_run_on_node(node) != 0) TIDE_LOG_DEBUG("numa_run_on_node(" << node << ") failed");
+  }
+
+  void run(int numa_node) noexcept {
+    bind_to_node(numa_node);
+    native_cq_.store(cq_->native_handle(), std::memory_order_release);
+    groups_.reserve(16);  // first touch on the lane's node
+    posted_.reserve(16);
+    while (running_.load(std::memory_order_relaxed)) {
+      if (pass()) {
+        idle_->on_work();
+        continue;
+      }
+      if (cq_used_ != 0 && !detail::kIdleWaitsOnCq<P>) {
+        // Completions are on their way and this idle strategy would sleep
+        // past them (finding 8): keep polling.
+        detail::cpu_relax();
+        continue;
+      }
+      idle_->on_empty([&]() noexcept { return pass() || !running_.load(std::memory_order_relaxed); });
+    }
+    drain_on_stop();
+  }
+
+  // One pass: control messages, queued slices, posts, completions.
+  bool pass() noexcept {
+    bool did = false;
+    if (has_mail_.load(std::memory_order_acquire)) did |= handle_mail();
+    if (detail::slice* chain = queue_.take_all()) {
+      enqueue(chain);
+      did = true;
+    }
+    did |= post_pending();
+    did |= poll() > 0;
+    return did;
+  }
+
+  bool handle_mail() noexcept {
+    std::vector<lane_message> mail;
+    {
+      std::lock_guard lock(mail_mu_);
+      mail.swap(mail_);
+      has_mail_.store(false, std::memory_order_relaxed);
+    }
+    for (auto& m : mail) {
+      switch (m.what) {
+        case lane_message::kind::connect: {
+          status st = running_.load(std::memory_order_relaxed)
+                          ? m.ep->lane_connect(index_, *m.route)
+                          : status{fail(errc::endpoint_closed, "lane stopping")};
+          m.latch->arrive(st);
+          break;
+        }
+        case lane_message::kind::fail_qp: m.ep->lane_error(index_); break;
+        case lane_message::kind::cq_error: on_cq_error("IBV_EVENT_CQ_ERR"); break;
+      }
+      if (m.ep != nullptr) m.ep->release();  // last touch of the endpoint for this message
+    }
+    return !mail.empty();
+  }
+
+  // Adds a chain taken from the queue to the groups (one per peer NIC path).
+  void enqueue(detail::slice* s) noexcept {
+    while (s != nullptr) {
+      detail::slice* next = s->next;
+      s->next = nullptr;
+      group* g = nullptr;
+      group* free_group = nullptr;
+      for (auto& cand : groups_) {
+        if (cand.path == s->peer_path) {
+          g = &cand;
+          break;
+        }
+        if (cand.head == nullptr && free_group == nullptr) free_group = &cand;
+      }
+      if (g == nullptr && free_group != nullptr) {
+        g = free_group;
+        g->ep.reset();
+      }
+      if (g == nullptr) {
+        // Grows only when this lane talks to one more peer NIC at once.
+        groups_.emplace_back();
+        g = &groups_.back();
+      }
+      if (g->head == nullptr) {
+        g->path = s->peer_path;
+        g->head = g->tail = s;
+      } else {
+        g->tail->next = s;
+        g->tail = s;
+      }
+      s = next;
+    }
+  }
+
+  // Retires canceled / already-final slices of a group before posting.
+  static void drop_dead(group& g) noexcept {
+    detail::slice** link = &g.head;
+    g.tail = nullptr;
+    while (*link != nullptr) {
+      detail::slice* s = *link;
+      const bool canceled = s->task->batch->canceled.load(std::memory_order_relaxed);
+      const bool final = is_final(s->task->state.load(std::memory_order_relaxed));
+      if (canceled || final) [[unlikely]] {
+        *link = s->next;
+        s->next = nullptr;
+        detail::retire_wr(*s, canceled ? errc::canceled : errc::timed_out);
+        continue;
+      }
+      g.tail = s;
+      link = &s->next;
+    }
+  }
+
+  // Hands every slice of a group back to the transport with `e` (cold).
+  void fail_group(group& g, errc e) noexcept {
+    detail::slice* s = g.head;
+    g.head = g.tail = nullptr;
+    g.path = nullptr;
+    g.ep.reset();
+    while (s != nullptr) {
+      detail::slice* next = s->next;
+      s->next = nullptr;
+      ctx_.on_slice_failed(*s, e);
+      s = next;
+    }
+  }
+
+  // Posts what credits allow of every group.  True when it did work.
+  bool post_pending() noexcept {
+    bool did = false;
+    for (auto& g : groups_) {
+      if (g.head == nullptr) continue;
+      drop_dead(g);
+      if (g.head == nullptr) {
+        g.path = nullptr;
+        g.ep.reset();
+        did = true;
+        continue;
+      }
+      if (!ctx_.active()) [[unlikely]] {
+        fail_group(g, errc::context_inactive);
+        did = true;
+        continue;
+      }
+      if (!g.ep) {
+        auto ep = ctx_.endpoint_for(*g.path);
+        if (!ep) [[unlikely]] {
+          TIDE_LOG_WARN(ctx_.name() << ": no endpoint to " << *g.path << ": " << ep.error().message());
+          fail_group(g, ep.error().code);
+          did = true;
+          continue;
+        }
+        g.ep = std::move(*ep);
+      }
+      endpoint& e = *g.ep;
+      const auto st = e.state();
+      if (st == endpoint_state::destroying || st == endpoint_state::destroyed) [[unlikely]] {
+        const errc ce = e.connect_error();
+        g.ep.reset();
+        did = true;
+        if (ce != errc::ok) fail_group(g, ce);  // the connect failed: another path, or FAILED
+        continue;                               // evicted: the next pass makes a new endpoint
+      }
+      if (st == endpoint_state::unconnected) {
+        // Never blocks: the handshake runs on the connector's pool and the
+        // lanes are woken when it is done.
+        if (e.begin_connect()) ctx_.start_connect(g.ep);
+        continue;
+      }
+      if (!e.ready()) continue;
+      lane_qp& l = e.lane(index_);
+      if (!l.rts) continue;  // an older QP state this lane has not seen yet: the message is queued
+      const std::uint32_t credits = cq_capacity_ - std::min(cq_capacity_, cq_used_);
+      if (credits == 0) break;
+      const bool was_idle = l.ring.empty();
+      std::size_t posted = 0;
+      std::size_t bytes = 0;
+      const errc pe = e.post(index_, g.head, credits, posted, bytes);
+      if (posted != 0) {
+        did = true;
+        cq_used_ += static_cast<std::uint32_t>(posted);
+        if (was_idle) posted_.push_back(g.ep);  // keeps the endpoint while its ring is not empty
+        ctx_.count_posted(posted, bytes);
+      }
+      if (g.head == nullptr) {
+        g.tail = nullptr;
+        g.path = nullptr;
+        g.ep.reset();
+      }
+      if (pe != errc::ok && pe != errc::endpoint_closed) [[unlikely]] {
+        TIDE_LOG_WARN(ctx_.name() << " -> " << e.peer_nic_path() << ": post failed: " << to_string(pe));
+        ctx_.retire_endpoint_ptr(&e);
+        fail_group(g, pe);
+        did = true;
+      }
+    }
+    return did;
+  }
+
+  // Drops the lane's hold on an endpoint whose ring on this lane is empty.
+  void forget_if_idle(endpoint* e) noexcept {
+    if (!e->lane(index_).ring.empty()) return;
+    for (std::size_t k = 0; k < posted_.size(); ++k)
+      if (posted_[k].get() == e) {
+        posted_[k] = std::move(posted_.back());
+        posted_.pop_back();
+        return;
+      }
+  }
+
+  // Polls the CQ once.  Returns the number of completions.
+  int poll() noexcept {
+    if (cq_used_ == 0) return 0;
+    std::array<ibv_wc, kPollBatch> wcs;
+    const int n = cq_->poll(wcs);
+    if (n < 0) [[unlikely]] {
+      on_cq_error("ibv_poll_cq < 0");
+      return 1;
+    }
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc& wc = wcs[static_cast<std::size_t>(i)];
+      auto* s = reinterpret_cast<detail::slice*>(wc.wr_id);
+      endpoint* e = s->ep;
+      if (wc.status == IBV_WC_SUCCESS) [[likely]] {
+        const std::uint32_t done = e->complete_through(index_, s);
+        cq_used_ -= std::min(cq_used_, done);
+        e->release(done);
+        forget_if_idle(e);
+        // retire_wr: riders, NIC load and bandwidth sample, rail success.
+        detail::retire_wr(*s, errc::ok);
+        continue;
+      }
+      const errc err = verbs::errc_from_wc_status(wc.status);
+      if (err != errc::work_request_flushed)
+        TIDE_LOG_WARN(ctx_.name() << " -> " << *s->peer_path << ": " << verbs::wc_error(wc, ctx_.name()).message());
+      // The QP is in ERR now: retire the endpoint (every lane flushes its QP)
+      // and redo the slice elsewhere.
+      ctx_.retire_endpoint_ptr(e);
+      const std::uint32_t done = e->complete_through(index_, s);
+      cq_used_ -= std::min(cq_used_, done);
+      e->release(done);
+      forget_if_idle(e);
+      ctx_.on_slice_failed(*s, err);
+    }
+    return n;
+  }
+
+  // The CQ failed: no completion will come for anything posted on it.  Fails
+  // every slice in this lane's rings with completion_queue_error (back to the
+  // transport for another path), fails every endpoint (each has a QP on this
+  // CQ) and rebuilds the CQ; the old one lives until its QPs are destroyed.
+  void on_cq_error(const char* why) noexcept {
+    TIDE_LOG_WARN(ctx_.name() << ": lane " << index_ << ": completion queue error (" << why
+                              << "): failing its endpoints and rebuilding it");
+    std::vector<handle> eps;
+    eps.swap(posted_);
+    cq_used_ = 0;
+    for (auto& h : eps) {
+      endpoint& e = *h;
+      e.lane_error(index_);
+      std::size_t n = 0;
+      for (detail::slice* s = e.take_ring(index_); s != nullptr;) {
+        detail::slice* next = s->next;
+        s->next = nullptr;
+        ++n;
+        ctx_.on_slice_failed(*s, errc::completion_queue_error);
+        s = next;
+      }
+      e.release(n);
+    }
+    eps.clear();
+    ctx_.cq_failed(index_);
+    auto fresh = ctx_.rebuild_cq(index_);
+    if (!fresh) {
+      TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": cannot rebuild the CQ: " << fresh.error().message());
+      return;
+    }
+    idle_->detach(cq_->native_handle());
+    cq_ = std::move(*fresh);
+    if (auto r = idle_->attach(cq_->native_handle(), ctx_.channel(index_)); !r)
+      TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": " << r.error().message());
+    cq_capacity_ = static_cast<std::uint32_t>(std::max(1, cq_->capacity()));
+    native_cq_.store(cq_->native_handle(), std::memory_order_release);
+  }
+
+  void drain_on_stop() noexcept {
+    (void)handle_mail();
+    if (detail::slice* chain = queue_.take_all()) enqueue(chain);
+    for (auto& g : groups_) {
+      for (detail::slice* s = g.head; s != nullptr;) {
+        detail::slice* next = s->next;
+        s->next = nullptr;
+        detail::retire_wr(*s, errc::endpoint_closed);
+        s = next;
+      }
+      g = {};
+    }
+    // Completions of WRs still out: bounded wait (the context moved the QPs
+    // to ERR first, so they flush).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (cq_used_ != 0 && std::chrono::steady_clock::now() < until) {
+      (void)handle_mail();
+      if (poll() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (auto& h : posted_) {
+      std::size_t n = 0;
+      for (detail::slice* s = h->take_ring(index_); s != nullptr;) {
+        detail::slice* next = s->next;
+        s->next = nullptr;
+        ++n;
+        detail::retire_wr(*s, errc::endpoint_closed);
+        s = next;
+      }
+      h->release(n);
+    }
+    posted_.clear();
+    (void)handle_mail();
+  }
+
+  rdma_context<P>& ctx_;
+  const std::uint32_t index_;
+  std::optional<typename P::idle> idle_;
+  std::shared_ptr<verbs::completion_queue> cq_;  // the lane thread (start/stop: the owner)
+  std::atomic<ibv_cq*> native_cq_{nullptr};
+  std::uint32_t cq_capacity_ = 1;
+  std::uint32_t cq_used_ = 0;  ///< WRs posted on this CQ's QPs, not yet retired
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+  alignas(64) detail::slice_queue queue_;
+  alignas(64) std::atomic<bool> has_mail_{false};
+  std::mutex mail_mu_;
+  std::vector<lane_message> mail_;
+  std::vector<group> groups_;   ///< queued slices per peer NIC path
+  std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
+};
+
+}  // namespace tide::rdma

@@ -1,0 +1,151 @@
+#pragma once
+/// Per-NIC load and counters: bytes in flight, bytes and WRs completed,
+/// errors, and the NIC's estimated bandwidth.  What load_aware scores with,
+/// and what engine->stats() reports.
+///
+/// Bandwidth: before any sample, the port's rate from sysfs (speed x width,
+/// "100 Gb/sec (4X EDR)").  Each successful WR then gives a sample: its
+/// bytes over the time since the later of its dispatch and the NIC's
+/// previous completion (the departure interval: with a queue, consecutive
+/// completions are one WR's wire time apart; on an idle NIC it is the WR's
+/// latency).  The estimate is an EWMA with weight 1/8 on the new sample.
+///
+/// Threads: one nic_load per local NIC, owned by the transport; every
+/// member may be called from any thread (relaxed atomics: they are
+/// statistics and scores, nothing synchronizes through them).
+
+#include <tide/rdma/plan/rail_health.hpp>
+
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tide::rdma::plan {
+
+class nic_load {
+ public:
+  static constexpr double kWeight = 0.125;  ///< of a new sample in the EWMA
+
+  /// `prior_bps`: bytes per second assumed before the first sample (> 0).
+  explicit nic_load(double prior_bps = 12.5e9) noexcept : prior_(prior_bps > 0 ? prior_bps : 12.5e9) {
+    bw_.store(std::bit_cast<std::uint64_t>(prior_), std::memory_order_relaxed);
+  }
+
+  /// Sets the prior (and the estimate) before any traffic.  Setup path.
+  void set_prior(double prior_bps) noexcept {
+    prior_ = prior_bps > 0 ? prior_bps : 12.5e9;
+    bw_.store(std::bit_cast<std::uint64_t>(prior_), std::memory_order_relaxed);
+  }
+
+  /// A WR of `bytes` was handed to a lane.
+  void dispatched(std::uint64_t bytes) noexcept {
+    inflight_.fetch_add(bytes, std::memory_order_relaxed);
+    wrs_.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// A dispatched WR left without completing on the wire (failed, canceled, dropped).
+  void released(std::uint64_t bytes, bool error) noexcept {
+    inflight_.fetch_sub(bytes, std::memory_order_relaxed);
+    if (error) errors_.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// A dispatched WR completed successfully at `now_ns`; it was dispatched at
+  /// `dispatched_ns` (same clock).
+  void completed(std::uint64_t bytes, std::int64_t dispatched_ns, std::int64_t now_ns) noexcept {
+    inflight_.fetch_sub(bytes, std::memory_order_relaxed);
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    const std::int64_t prev = last_done_ns_.exchange(now_ns, std::memory_order_relaxed);
+    const std::int64_t start = prev > dispatched_ns ? prev : dispatched_ns;
+    if (now_ns <= start) {
+      // Polled in the same batch as the previous one: its bytes count toward the next interval.
+      unsampled_.fetch_add(bytes, std::memory_order_relaxed);
+      return;
+    }
+    const std::uint64_t total = bytes + unsampled_.exchange(0, std::memory_order_relaxed);
+    sample(static_cast<double>(total) * 1e9 / static_cast<double>(now_ns - start));
+  }
+  /// Folds one bandwidth sample (bytes/s) into the estimate.
+  void sample(double bps) noexcept {
+    std::uint64_t cur = bw_.load(std::memory_order_relaxed);
+    for (;;) {
+      const double old = std::bit_cast<double>(cur);
+      double next = old + kWeight * (bps - old);
+      // Keep a NIC that looked slow once from being starved forever, and a spike bounded.
+      if (next < prior_ * 1e-4) next = prior_ * 1e-4;
+      if (next > prior_ * 10) next = prior_ * 10;
+      if (bw_.compare_exchange_weak(cur, std::bit_cast<std::uint64_t>(next), std::memory_order_relaxed)) return;
+    }
+  }
+  /// Sets the estimate (tests, synthetic rails).
+  void set_bandwidth(double bps) noexcept { bw_.store(std::bit_cast<std::uint64_t>(bps), std::memory_order_relaxed); }
+
+  [[nodiscard]] std::uint64_t inflight_bytes() const noexcept { return inflight_.load(std::memory_order_relaxed); }
+  [[nodiscard]] double bandwidth() const noexcept { return std::bit_cast<double>(bw_.load(std::memory_order_relaxed)); }
+  [[nodiscard]] double prior_bandwidth() const noexcept { return prior_; }
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t wrs() const noexcept { return wrs_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t errors() const noexcept { return errors_.load(std::memory_order_relaxed); }
+
+ private:
+  double prior_;
+  std::atomic<std::uint64_t> inflight_{0};
+  std::atomic<std::uint64_t> bytes_{0};
+  std::atomic<std::uint64_t> wrs_{0};
+  std::atomic<std::uint64_t> errors_{0};
+  std::atomic<std::uint64_t> bw_{0};  ///< a double's bits
+  std::atomic<std::int64_t> last_done_ns_{0};
+  std::atomic<std::uint64_t> unsampled_{0};
+};
+
+/// Bytes per second of a port rate as sysfs prints it ("100 Gb/sec (4X
+/// EDR)", "2.5 Gb/sec (1X SDR)"); 0 when the text does not start with a
+/// number of Gb/sec.
+[[nodiscard]] inline double rate_text_to_bps(std::string_view text) noexcept {
+  double gbit = 0;
+  double scale = 1;
+  bool digits = false, dot = false;
+  std::size_t i = 0;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c >= '0' && c <= '9') {
+      digits = true;
+      if (dot) {
+        scale /= 10;
+        gbit += (c - '0') * scale;
+      } else {
+        gbit = gbit * 10 + (c - '0');
+      }
+    } else if (c == '.' && !dot) {
+      dot = true;
+    } else {
+      break;
+    }
+  }
+  if (!digits || text.substr(i).find("Gb/sec") == std::string_view::npos) return 0;
+  return gbit * 1e9 / 8;
+}
+
+/// One local NIC in engine->stats().
+struct nic_stats {
+  std::string name;
+  std::uint64_t bytes = 0;           ///< completed payload bytes
+  std::uint64_t wrs = 0;             ///< WRs dispatched
+  std::uint64_t errors = 0;          ///< WRs that failed on this NIC
+  std::uint64_t inflight_bytes = 0;  ///< dispatched, not yet completed
+  double bandwidth_bps = 0;          ///< current estimate (bytes/s)
+  double prior_bps = 0;              ///< the port's rate (bytes/s)
+};
+
+/// One rail that has ever failed, in engine->stats().
+struct rail_stats {
+  std::string local;  ///< local device name
+  std::string peer;   ///< peer NIC path "server@device"
+  rail_snapshot state;
+};
+
+struct transport_stats {
+  std::vector<nic_stats> nics;    ///< by local device id
+  std::vector<rail_stats> rails;  ///< rails with at least one failure
+};
+
+}  // namespace tide::rdma::plan

@@ -1,0 +1,130 @@
+// Rail health (include/tide/rdma/plan/rail_health.hpp) on a fake clock:
+// pause, doubling cooldown up to the bound, one probe per window, restore on
+// success, one outage counted once, and the table shared by threads.
+
+#include <tide/rdma/plan/rail_health.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+using namespace tide::rdma::plan;
+using std::chrono::microseconds;
+
+namespace {
+constexpr std::int64_t ms = 1000;
+rail_health_config cfg100() { return {microseconds(100 * ms), microseconds(10'000 * ms)}; }
+}  // namespace
+
+TEST_CASE("a failing rail pauses, probes after the cooldown and doubles it up to the bound") {
+  const auto cfg = cfg100();
+  rail_state r;
+  std::int64_t now = 1'000'000;
+  CHECK(r.healthy());
+  CHECK(r.fail(now, cfg));  // healthy -> paused 100 ms
+  CHECK_FALSE(r.healthy());
+  CHECK(r.snapshot().phase == rail_phase::paused);
+  CHECK(r.snapshot().until_us == now + 100 * ms);
+  // Failures of WRs already on the wire in the same outage do not extend it.
+  CHECK_FALSE(r.fail(now + 10 * ms, cfg));
+  CHECK(r.snapshot().until_us == now + 100 * ms);
+  CHECK(r.snapshot().failures == 2);
+  CHECK(r.snapshot().pauses == 1);
+  // No probe before the cooldown.
+  CHECK_FALSE(r.probe_due(now + 99 * ms));
+  CHECK_FALSE(r.claim_probe(now + 99 * ms, cfg));
+  // Exactly one probe after it.
+  now += 100 * ms;
+  CHECK(r.probe_due(now));
+  CHECK(r.claim_probe(now, cfg));
+  CHECK_FALSE(r.claim_probe(now, cfg));
+  CHECK_FALSE(r.claim_probe(now + 50 * ms, cfg));
+  CHECK(r.snapshot().phase == rail_phase::probing);
+  // The probe fails: paused twice as long.
+  std::int64_t expect = 200 * ms;
+  CHECK(r.fail(now, cfg));
+  CHECK(r.snapshot().until_us == now + expect);
+  // And again: 400, 800, ... capped at 10 s.
+  for (int i = 0; i < 10; ++i) {
+    now = r.snapshot().until_us;
+    REQUIRE(r.claim_probe(now, cfg));
+    CHECK(r.fail(now, cfg));
+    expect = std::min<std::int64_t>(expect * 2, 10'000 * ms);
+    CHECK(r.snapshot().until_us - now == expect);
+  }
+  CHECK(expect == 10'000 * ms);
+  // A probe that succeeds restores the rail and resets the cooldown.
+  now = r.snapshot().until_us;
+  REQUIRE(r.claim_probe(now, cfg));
+  CHECK(r.succeed());
+  CHECK(r.healthy());
+  CHECK_FALSE(r.succeed());  // already healthy: nothing to restore
+  CHECK(r.fail(now, cfg));
+  CHECK(r.snapshot().until_us == now + 100 * ms);
+}
+
+TEST_CASE("a success restores a paused rail at once; a lost probe is replaced after its window") {
+  const auto cfg = cfg100();
+  rail_state r;
+  CHECK(r.fail(0, cfg));
+  CHECK(r.succeed());
+  CHECK(r.healthy());
+  CHECK(r.fail(0, cfg));
+  REQUIRE(r.claim_probe(100 * ms, cfg));  // probe window: 100 ms
+  // The probe never reports (canceled before posting): another may go after the window.
+  CHECK_FALSE(r.claim_probe(150 * ms, cfg));
+  CHECK(r.claim_probe(200 * ms, cfg));
+}
+
+TEST_CASE("cooldown_us and config validation") {
+  const auto cfg = cfg100();
+  CHECK(rail_state::cooldown_us(cfg, 1) == 100 * ms);
+  CHECK(rail_state::cooldown_us(cfg, 2) == 200 * ms);
+  CHECK(rail_state::cooldown_us(cfg, 8) == 10'000 * ms);
+  CHECK(rail_state::cooldown_us(cfg, 63) == 10'000 * ms);
+  CHECK(cfg.validate().has_value());
+  rail_health_config bad{microseconds(0), microseconds(1)};
+  CHECK(bad.validate().error().detail.find("rail_initial_cooldown") != std::string::npos);
+  bad = {microseconds(10), microseconds(5)};
+  CHECK(bad.validate().error().detail.find("rail_max_cooldown") != std::string::npos);
+}
+
+TEST_CASE("rail_table: peer ids by name, rails independent, shared by threads") {
+  rail_table t(cfg100());
+  const auto a = t.peer_id("srv@rxe0");
+  const auto b = t.peer_id("srv@rxe2");
+  CHECK(a != b);
+  CHECK(t.peer_id("srv@rxe0") == a);
+  CHECK(t.peer_names() == std::vector<std::string>{"srv@rxe0", "srv@rxe2"});
+  CHECK(t.fail(1, a, 0));
+  CHECK_FALSE(t.healthy(1, a));
+  CHECK(t.healthy(0, a));
+  CHECK(t.healthy(1, b));
+  CHECK(t.healthy(1, rail_table::kNoPeer));  // unknown peers are never paused
+  // Many lanes fail the same rail at once: it pauses once, exactly one of them wins the probe.
+  rail_table u(cfg100());
+  const auto p = u.peer_id("srv@rxe1");
+  std::atomic<int> paused{0}, probes{0};
+  std::vector<std::thread> lanes;
+  for (int i = 0; i < 8; ++i)
+    lanes.emplace_back([&] {
+      for (int k = 0; k < 1000; ++k)
+        if (u.fail(0, p, 5)) paused.fetch_add(1);
+    });
+  for (auto& th : lanes) th.join();
+  lanes.clear();
+  for (int i = 0; i < 8; ++i)
+    lanes.emplace_back([&] {
+      if (u.claim_probe(0, p, 5 + 100 * ms)) probes.fetch_add(1);
+    });
+  for (auto& th : lanes) th.join();
+  CHECK(paused.load() == 1);
+  CHECK(probes.load() == 1);
+  CHECK(u.at(0, p).snapshot().failures == 8000);
+  // Registering many peers grows the table in chunks; earlier references stay valid.
+  rail_state& first = u.at(3, p);
+  for (int i = 0; i < 500; ++i) (void)u.peer_id("peer@" + std::to_string(i));
+  CHECK(&first == &u.at(3, p));
+}
