@@ -104,6 +104,10 @@ struct buffer_entry {
 
 template <class P = default_policies>
 class transfer_engine {
+  // First, so a bad policy set fails here with the message naming the member
+  // to change, not deep inside the data path.
+  static_assert(check_policy_set<P>());
+
  public:
   using metadata_backend_type = typename detail::metadata_of<P>::type;
 

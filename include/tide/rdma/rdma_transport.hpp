@@ -39,6 +39,8 @@ struct transport_config {
 
 template <class P>
 class rdma_transport {
+  static_assert(check_policy_set<P>());
+
  public:
   static constexpr std::size_t kMaxContexts = 16;
   using context_type = rdma_context<P>;

@@ -37,6 +37,8 @@ class rdma_context;
 
 template <class P>
 class worker_pool {
+  static_assert(check_policy_set<P>());
+
  public:
   static constexpr std::size_t kShards = 8;  ///< Mooncake's kShardCount
   static constexpr int kPollBatch = 64;      ///< completions per ibv_poll_cq
