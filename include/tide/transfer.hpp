@@ -76,11 +76,22 @@ enum class transfer_state : std::uint8_t { waiting, pending, completed, failed, 
          s == transfer_state::canceled;
 }
 
+/// No device (transfer_status::failed_local_device when no NIC path failed).
+inline constexpr std::uint16_t kNoDevice = 0xffff;
+
 struct transfer_status {
   transfer_state state = transfer_state::waiting;
   std::uint64_t transferred_bytes = 0;
-  /// Why the task failed (ok otherwise): the last slice error seen.
+  /// Why a FAILED / TIMEOUT / CANCELED task ended (ok otherwise): the first
+  /// error that hit it (timed_out, canceled, or a slice's error; a
+  /// work_request_flushed gives way to the error that caused the flush).
   errc reason = errc::ok;
+  /// The NIC path of the first wire failure, when one happened: the local
+  /// device (index into the transport's contexts, transport().context(i))
+  /// and the peer NIC path "<segment>@<nic>".  The view stays valid until
+  /// the batch is freed.
+  std::uint16_t failed_local_device = kNoDevice;
+  std::string_view failed_peer_path;
 };
 
 }  // namespace tide

@@ -102,15 +102,17 @@ TEST_CASE("slices roll up into tasks and batches; the last slice wakes the batch
   CHECK(b.tasks[0].state == transfer_state::completed);
   CHECK(b.tasks[0].bytes == 150);
   CHECK(b.inflight == 0);
-  // A canceled task stays canceled when its slices come back.
+  // A canceled task becomes CANCELED when its last slice comes back, not before.
   b.tasks[0].state = transfer_state::pending;
   b.tasks[0].slices_left = 1;
   b.unfinished = 1;
   b.inflight = 1;
-  CHECK(rdma::detail::finish_task(b.tasks[0], transfer_state::canceled));
-  CHECK(b.unfinished == 0);
+  rdma::detail::stop_task(b.tasks[0], transfer_state::canceled, errc::canceled);
+  CHECK(b.tasks[0].state == transfer_state::pending);
+  CHECK(b.unfinished == 1);
   rdma::detail::retire_slice(s[0], errc::ok);
   CHECK(b.tasks[0].state == transfer_state::canceled);
+  CHECK(b.tasks[0].reason == errc::canceled);
   CHECK(b.unfinished == 0);
 }
 

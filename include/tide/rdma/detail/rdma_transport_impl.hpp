@@ -201,6 +201,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
   detail::batch_state* b = batches_->lookup(id);
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
+  if (!batch_table::still(*b, id)) return fail(errc::unknown_batch, "submit: batch " + std::to_string(id) + " was freed");
   const std::size_t used = b->used.load(std::memory_order_relaxed);
   if (requests.size() > b->capacity - used)
     return fail(errc::batch_full, "submit: " + std::to_string(requests.size()) + " request(s) but the batch has room for " +
@@ -278,14 +279,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     const std::size_t q = r.length / ss;
     const std::size_t rem = r.length % ss;
     const std::size_t n = rem == 0 ? q : (rem <= frag && q >= 1 ? q : q + 1);
-    t.slices.resize(n);
-    t.target = r.target;
-    t.deadline = now + cfg_.transfer_timeout;
-    t.bytes.store(0, std::memory_order_relaxed);
-    t.reason.store(errc::ok, std::memory_order_relaxed);
-    t.any_failed.store(false, std::memory_order_relaxed);
-    t.slices_left.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
-    t.state.store(transfer_state::pending, std::memory_order_relaxed);
+    detail::reset_task(t, n, r.target, now + cfg_.transfer_timeout);
     const local_buffer& lb = *res[i].local;
     const remote_segment& seg = *res[i].seg;
     const remote_buffer& pb = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)];
@@ -355,8 +349,13 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
 template <class P>
 void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   detail::task_state& t = *s.task;
-  const bool final = is_final(t.state.load(std::memory_order_acquire));
-  const bool retriable = e != errc::canceled && e != errc::timed_out && !final;
+  // The first wire error is the task's cause even when a retry succeeds
+  // for this slice (a later failure of another slice then names it).
+  detail::note_cause(t, e, &s);
+  // A task marked to stop (timeout, cancel) is not retried: it becomes
+  // final once its slices have all retired.
+  const bool stopping = detail::should_drop(s) != errc::ok;
+  const bool retriable = e != errc::canceled && e != errc::timed_out && !stopping;
   if (!retriable || s.retries >= cfg_.max_retry) {
     detail::retire_slice(s, e);
     return;
