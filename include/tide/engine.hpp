@@ -157,12 +157,22 @@ class transfer_engine {
   [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) {
     return transport_->submit(b, requests);
   }
+  /// Final means final: a task is reported COMPLETED, FAILED, TIMEOUT or
+  /// CANCELED only once none of its work requests can still touch local or
+  /// remote memory (every slice completed, failed for good, was flushed or
+  /// was dropped before posting).  Until then it is PENDING, also after its
+  /// transfer_timeout passed or cancel() was called.  `reason` is the first
+  /// error that hit the task (see transfer_status).
   [[nodiscard]] result<transfer_status> status_of(batch_id b, std::size_t task) { return transport_->task_status(b, task); }
   [[nodiscard]] result<transfer_status> batch_status(batch_id b) { return transport_->batch_status(b); }
-  /// Blocks (no spinning) until every task of the batch is final.  Errors:
-  /// timed_out, unknown_batch.
+  /// Blocks (no spinning) until every task of the batch is final, so after
+  /// it returns no DMA of the batch touches the user's memory any more, also
+  /// for TIMEOUT and CANCELED tasks.  Errors: timed_out (this wait's own
+  /// timeout), unknown_batch.
   [[nodiscard]] status wait(batch_id b, std::chrono::milliseconds timeout) { return transport_->wait(b, timeout); }
-  /// Every unfinished task becomes CANCELED; slices not yet posted are dropped.
+  /// Marks every unfinished task to end CANCELED: slices not yet posted are
+  /// dropped, posted ones drain (complete or flush); each task turns
+  /// CANCELED when its last slice is back (wait() returns then).
   [[nodiscard]] status cancel(batch_id b) { return transport_->cancel(b); }
 
   // ---- notifications ----
