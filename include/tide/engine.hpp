@@ -133,8 +133,12 @@ class transfer_engine {
   /// Errors: invalid_argument, zero_length, bad_location, already_registered,
   /// resource_exhausted / permission_denied (pinning), metadata errors.
   [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location = "*");
-  /// Errors: not_registered.
-  [[nodiscard]] status unregister_memory(void* addr);
+  /// With transfers in flight from the buffer: errc::busy naming how many
+  /// slices, unless `mode` says to wait for them (in_flight::drain; new
+  /// submits from the buffer fail at once) or to cancel them first
+  /// (in_flight::cancel).  A drain is bounded by transfer_timeout + 10 s.
+  /// Errors: not_registered, busy.
+  [[nodiscard]] status unregister_memory(void* addr, in_flight mode = in_flight::reject);
   /// All or nothing per buffer; one publish at the end.
   [[nodiscard]] status register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location = "*");
   [[nodiscard]] status unregister_memory_batch(std::span<void* const> addrs);
@@ -143,8 +147,11 @@ class transfer_engine {
   /// Looks the segment up (metadata) and returns its handle.  Errors:
   /// segment_not_found, metadata_unavailable, metadata_malformed.
   [[nodiscard]] result<segment_id> open_segment(std::string_view name);
-  /// Errors: unknown_segment.
-  [[nodiscard]] status close_segment(segment_id id);
+  /// With transfers to the segment in flight: errc::busy naming how many
+  /// slices, unless `mode` is in_flight::drain (wait for them) or
+  /// in_flight::cancel (cancel their tasks, then wait).  Errors:
+  /// unknown_segment, busy.
+  [[nodiscard]] status close_segment(segment_id id, in_flight mode = in_flight::reject);
   /// The descriptor of an open segment (to read buffer addresses).
   [[nodiscard]] result<std::shared_ptr<const segment_desc>> segment_descriptor(segment_id id) const;
 

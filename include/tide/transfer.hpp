@@ -21,6 +21,11 @@ inline constexpr segment_id kInvalidSegment = std::numeric_limits<segment_id>::m
 
 enum class transfer_op : std::uint8_t { read, write };
 
+/// What unregister_memory / close_segment do when submitted transfers still
+/// use the buffer or segment: refuse with errc::busy (naming how many
+/// slices), wait for them (drain), or cancel their tasks and then wait.
+enum class in_flight : std::uint8_t { reject, drain, cancel };
+
 /// One transfer: `length` bytes between local `source` (inside registered
 /// memory) and the target segment.
 ///

@@ -142,3 +142,102 @@ TEST_CASE("final means final: a READ past transfer_timeout ends TIMEOUT and writ
   check_quiet_after_final(local);
   REQUIRE(a->free_batch(batch));
 }
+
+namespace {
+
+// Starts `op` over the whole of `local` (4 MiB tasks) against `remote_addr`
+// and waits for its first bytes.
+tide::batch_id start(tide::transfer_engine<>& a, transfer_op op, tide::segment_id seg, buffer& local,
+                     std::uint64_t remote_addr) {
+  constexpr std::size_t kTask = 4u << 20;
+  std::vector<transfer_request> reqs;
+  for (std::size_t off = 0; off < local.size; off += kTask)
+    reqs.push_back(transfer_request::at_address(op, local.data + off, seg, remote_addr + off, std::min(kTask, local.size - off)));
+  auto batch = a.allocate_batch(reqs.size()).value();
+  REQUIRE(a.submit(batch, reqs));
+  for (int i = 0; i < 4000 && a.batch_status(batch).value().transferred_bytes == 0; ++i) std::this_thread::sleep_for(1ms);
+  return batch;
+}
+
+}  // namespace
+
+TEST_CASE("in flight: unregister_memory and close_segment say busy; drain waits; cancel cancels") {
+  const auto devs = devices_under_test();
+  auto a = make_engine(config_for(devs[0]));
+  auto b = make_engine(config_for(devs[1]));
+  constexpr std::size_t kSize = 48u << 20;
+  buffer local(kSize, kCanary), remote(kSize, kRemote);
+  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
+  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const auto remote_addr = reinterpret_cast<std::uint64_t>(remote.data);
+
+  auto batch = start(*a, transfer_op::write, seg, local, remote_addr);
+  auto u = a->unregister_memory(local.data);
+  REQUIRE_FALSE(u);
+  CHECK(u.error().code == tide::errc::busy);
+  CHECK(u.error().detail.find("slice(s) of submitted transfers still use") != std::string::npos);
+  MESSAGE(u.error().message());
+  auto c = a->close_segment(seg);
+  REQUIRE_FALSE(c);
+  CHECK(c.error().code == tide::errc::busy);
+  MESSAGE(c.error().message());
+  // Drain: returns once every slice is back; the transfer itself completes.
+  REQUIRE(a->unregister_memory(local.data, tide::in_flight::drain));
+  auto st = a->batch_status(batch).value();
+  CHECK(st.state == transfer_state::completed);
+  CHECK(std::memcmp(remote.data, local.data, kSize) == 0);
+  REQUIRE(a->free_batch(batch));
+  auto r = transfer_request::at_address(transfer_op::write, local.data, seg, remote_addr, 4096);
+  auto again = a->allocate_batch(1).value();
+  auto s = a->submit(again, {&r, 1});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::unregistered_source);
+
+  // close_segment with cancel: the READ in flight ends CANCELED, then the segment is gone.
+  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
+  std::memset(local.data, kCanary, kSize);
+  batch = start(*a, transfer_op::read, seg, local, remote_addr);
+  REQUIRE(a->close_segment(seg, tide::in_flight::cancel));
+  st = a->batch_status(batch).value();
+  MESSAGE("after close_segment(cancel): " << tide::to_string(st.state) << ", " << st.transferred_bytes << " bytes");
+  CHECK(tide::is_final(st.state));
+  CHECK(st.state == transfer_state::canceled);
+  check_quiet_after_final(local);
+  REQUIRE(a->free_batch(batch));
+  s = a->submit(again, {&r, 1});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::unknown_segment);
+  REQUIRE(a->free_batch(again));
+}
+
+TEST_CASE("in flight: a peer's buffer that disappears fails in flight (remote_access_error), then out_of_bounds") {
+  const auto devs = devices_under_test();
+  auto cfg = config_for(devs[0]);
+  cfg.max_retry = 1;
+  auto a = make_engine(cfg);
+  auto b = make_engine(config_for(devs[1]));
+  constexpr std::size_t kSize = 48u << 20;
+  buffer local(kSize, kCanary), remote(kSize, kRemote);
+  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
+  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const auto remote_addr = reinterpret_cast<std::uint64_t>(remote.data);
+  auto batch = start(*a, transfer_op::write, seg, local, remote_addr);
+  REQUIRE(b->unregister_memory(remote.data));  // b submitted nothing from it: not busy
+  REQUIRE(a->wait(batch, 120s));
+  auto st = a->batch_status(batch).value();
+  MESSAGE("after the peer unregistered: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason)
+                                          << ") on " << st.failed_peer_path << ", " << st.transferred_bytes << " bytes");
+  CHECK(st.state == transfer_state::failed);
+  CHECK(st.reason == tide::errc::remote_access_error);
+  CHECK(st.failed_peer_path.find("@" + devs[1]) != std::string_view::npos);
+  REQUIRE(a->free_batch(batch));
+  // A new request for it: one forced refresh, then out_of_bounds.
+  auto r = transfer_request::at_address(transfer_op::write, local.data, seg, remote_addr, 4096);
+  auto again = a->allocate_batch(1).value();
+  auto s = a->submit(again, {&r, 1});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::out_of_bounds);
+  REQUIRE(a->free_batch(again));
+}

@@ -183,8 +183,8 @@ status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::str
 }
 
 template <class P>
-status transfer_engine<P>::unregister_memory(void* addr) {
-  return transport_->unregister_memory(addr, true);
+status transfer_engine<P>::unregister_memory(void* addr, in_flight mode) {
+  return transport_->unregister_memory(addr, true, mode);
 }
 
 template <class P>
@@ -221,7 +221,9 @@ result<segment_id> transfer_engine<P>::open_segment(std::string_view name) {
 }
 
 template <class P>
-status transfer_engine<P>::close_segment(segment_id id) {
+status transfer_engine<P>::close_segment(segment_id id, in_flight mode) {
+  if (auto d = cache_->get(id); !d) return fail(d.error());
+  if (auto q = transport_->quiesce_segment(id, mode); !q) return q;
   if (auto r = cache_->close(id); !r) return r;
   if (!cache_->get(id)) transport_->drop_segment(id);
   return {};

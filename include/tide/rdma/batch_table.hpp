@@ -55,6 +55,16 @@ class batch_table {
 
   /// Marks the tasks of `b` past their deadline for TIMEOUT.
   static void expire(detail::batch_state& b) noexcept;
+  /// expire() on every live batch (a drain that nobody else polls).
+  void expire_all() noexcept {
+    for_each_task([](detail::task_state&) { return false; }, true);
+  }
+  /// Marks every unfinished task of a live batch for which pred(task) holds
+  /// to end CANCELED (unregister_memory / close_segment with in_flight::cancel).
+  template <class Pred>
+  void cancel_where(Pred&& pred) noexcept {
+    for_each_task(pred, false);
+  }
 
   [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept;
   [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept;
@@ -67,6 +77,20 @@ class batch_table {
 
  private:
   explicit batch_table(std::size_t max_batches);
+
+  // Walks the live batches under mu_ (so none is recycled meanwhile).
+  template <class Pred>
+  void for_each_task(Pred&& cancel_if, bool expire_too) noexcept {
+    std::lock_guard lock(mu_);
+    for (std::size_t s = 0; s < slot_count_; ++s) {
+      detail::batch_state* b = slots_[s].load(std::memory_order_acquire);
+      if ((b->tag.load(std::memory_order_acquire) & 1u) == 0) continue;
+      if (expire_too) expire(*b);
+      const std::size_t n = b->used.load(std::memory_order_acquire);
+      for (std::size_t i = 0; i < n; ++i)
+        if (cancel_if(b->tasks[i])) detail::stop_task(b->tasks[i], transfer_state::canceled, errc::canceled);
+    }
+  }
 
   static constexpr std::uint64_t live_tag(batch_id id) noexcept { return ((id >> 32) << 1) | 1u; }
 

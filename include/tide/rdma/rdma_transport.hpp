@@ -15,6 +15,7 @@
 #include <tide/transfer.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -71,8 +72,11 @@ class rdma_transport {
   /// invalid_argument (null), zero_length, bad_location, already_registered,
   /// verbs errors (resource_exhausted, permission_denied).
   [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location, bool publish = true);
-  /// Errors: not_registered.
-  [[nodiscard]] status unregister_memory(void* addr, bool publish = true);
+  /// With transfers in flight from the buffer: errc::busy naming how many
+  /// slices, unless `mode` is drain (new submits from it fail at once; waits
+  /// for the slices, at most transfer_timeout + 10 s) or cancel (cancels
+  /// their tasks, then drains).  Errors: not_registered, busy.
+  [[nodiscard]] status unregister_memory(void* addr, bool publish = true, in_flight mode = in_flight::reject);
   [[nodiscard]] segment_desc local_segment() const;
   [[nodiscard]] status publish();
   [[nodiscard]] std::size_t registered_buffers() const;
@@ -81,6 +85,13 @@ class rdma_transport {
   /// Installs (or replaces) the view of segment `id`.  Errors: metadata_malformed.
   [[nodiscard]] status set_segment(segment_id id, const segment_desc& d);
   void drop_segment(segment_id id);
+  /// Slices submitted to segment `id` and not yet retired.
+  [[nodiscard]] std::size_t segment_inflight(segment_id id) const noexcept;
+  /// Before a close: ok when nothing is in flight to `id`; else busy
+  /// (reject), or cancels those tasks (cancel) and waits for them (drain,
+  /// cancel; at most transfer_timeout + 10 s).  Submits racing the close
+  /// from other threads are the caller's to order.
+  [[nodiscard]] status quiesce_segment(segment_id id, in_flight mode) noexcept;
 
   // ---- batches ----
   [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) { return batches_->allocate(capacity); }
@@ -111,6 +122,8 @@ class rdma_transport {
   void on_failed(detail::slice& s, errc e) noexcept;
   [[nodiscard]] int pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry, std::uint32_t rnd) const noexcept;
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
+  // Waits (bounded) until `count` is 0, expiring timed-out tasks meanwhile.
+  [[nodiscard]] bool drain(const std::atomic<std::size_t>& count) noexcept;
 
   transport_config cfg_;
   topology::priority_matrix matrix_;
@@ -123,7 +136,13 @@ class rdma_transport {
   std::vector<std::unique_ptr<local_buffer>> local_;  ///< sorted by addr
 
   mutable std::shared_mutex seg_mu_;
-  std::vector<std::shared_ptr<const remote_segment>> segments_;  ///< by segment_id
+  /// A segment id's current view and its in-flight slice count.  Slots are
+  /// never freed while the transport lives (tasks point at `inflight`).
+  struct segment_slot {
+    std::shared_ptr<const remote_segment> view;
+    std::atomic<std::size_t> inflight{0};
+  };
+  std::vector<std::unique_ptr<segment_slot>> segments_;  ///< by segment_id
 
   std::unique_ptr<batch_table> batches_;
 };

@@ -10,6 +10,7 @@
 #include <tide/topology/priority_matrix.hpp>
 #include <tide/verbs/mr.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -39,6 +40,12 @@ struct local_buffer {
   device_chooser chooser;
   std::vector<verbs::memory_region> mrs;  ///< one per context, in device-id order
   std::vector<std::uint32_t> lkeys;
+  /// Slices of submitted transfers from this buffer not yet retired:
+  /// submit adds (under the table's shared lock), retire_slice subtracts.
+  /// unregister_memory refuses or drains while it is not 0.
+  mutable std::atomic<std::size_t> inflight{0};
+  /// Set by a draining unregister_memory: submit treats the buffer as gone.
+  std::atomic<bool> closing{false};
 };
 
 struct remote_buffer {

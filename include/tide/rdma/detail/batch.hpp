@@ -84,6 +84,10 @@ struct task_state {
   std::atomic<std::chrono::steady_clock::time_point> deadline{};
   std::vector<slice> slices;  ///< capacity kept across reuses of the batch
   std::shared_ptr<const void> keep_alive;  ///< the target segment's resolved view
+  /// In-flight slice counters of the task's local buffer and target segment
+  /// (owned by the transport, which outlives every batch); set by submit.
+  std::atomic<std::size_t>* local_inflight = nullptr;
+  std::atomic<std::size_t>* segment_inflight = nullptr;
 };
 
 struct batch_state {
@@ -143,6 +147,8 @@ inline void reset_task(task_state& t, std::size_t slice_count, segment_id target
 /// A freed batch's task goes back to WAITING (free_batch, no slice in flight).
 inline void recycle_task(task_state& t) noexcept {
   t.keep_alive.reset();
+  t.local_inflight = nullptr;
+  t.segment_inflight = nullptr;
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
   t.state.store(transfer_state::waiting, std::memory_order_relaxed);
 }
@@ -211,6 +217,10 @@ inline void retire_slice(slice& s, errc e) noexcept {
                                                                                        : transfer_state::completed;
     (void)finish_task(t, final_state);
   }
+  // unregister_memory / close_segment may go ahead once these reach 0
+  // (acquire loads there): the slice touches neither afterwards.
+  if (t.local_inflight != nullptr) t.local_inflight->fetch_sub(1, std::memory_order_release);
+  if (t.segment_inflight != nullptr) t.segment_inflight->fetch_sub(1, std::memory_order_release);
   // Last touch of the batch: free_batch recycles it once inflight is 0
   // (pairs with the acquire load there).
   b.inflight.fetch_sub(1, std::memory_order_release);

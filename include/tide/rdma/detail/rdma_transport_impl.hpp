@@ -93,18 +93,59 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
 }
 
 template <class P>
-status rdma_transport<P>::unregister_memory(void* addr, bool do_publish) {
+bool rdma_transport<P>::drain(const std::atomic<std::size_t>& count) noexcept {
+  const auto until = std::chrono::steady_clock::now() + cfg_.transfer_timeout + std::chrono::seconds(10);
+  auto next_expiry = std::chrono::steady_clock::now();
+  while (count.load(std::memory_order_acquire) != 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > until) return false;
+    // Tasks past their deadline stop (their unposted slices drop) even when
+    // nobody polls their batch.
+    if (now >= next_expiry) {
+      batches_->expire_all();
+      next_expiry = now + std::chrono::milliseconds(50);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+template <class P>
+status rdma_transport<P>::unregister_memory(void* addr, bool do_publish, in_flight mode) {
+  const auto a = reinterpret_cast<std::uint64_t>(addr);
+  auto busy = [&](std::size_t n, const char* what) {
+    return fail(errc::busy, "unregister_memory: " + std::to_string(n) + " slice(s) of submitted transfers " + what +
+                                " buffer " + std::to_string(a) +
+                                "; wait for them, or pass tide::in_flight::drain or in_flight::cancel");
+  };
+  local_buffer* b = nullptr;
+  {
+    std::unique_lock lock(local_mu_);
+    auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x->addr == a; });
+    if (it == local_.end() || (*it)->closing.load(std::memory_order_relaxed))
+      return fail(errc::not_registered, "unregister_memory: no buffer starts at " + std::to_string(a));
+    b = it->get();
+    // Submits count under the shared lock, so this count is exact.
+    const std::size_t n = b->inflight.load(std::memory_order_acquire);
+    if (n != 0 && mode == in_flight::reject) return busy(n, "still use");
+    b->closing.store(true, std::memory_order_relaxed);  // submit and retries treat it as gone
+  }
+  if (mode == in_flight::cancel) {
+    const std::atomic<std::size_t>* counter = &b->inflight;
+    batches_->cancel_where([counter](const detail::task_state& t) { return t.local_inflight == counter; });
+  }
+  if (!drain(b->inflight)) {
+    b->closing.store(false, std::memory_order_relaxed);
+    return busy(b->inflight.load(), "did not finish within transfer_timeout + 10 s on");
+  }
   std::unique_ptr<local_buffer> gone;
   {
     std::unique_lock lock(local_mu_);
-    const auto a = reinterpret_cast<std::uint64_t>(addr);
-    auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x->addr == a; });
-    if (it == local_.end())
-      return fail(errc::not_registered, "unregister_memory: no buffer starts at " + std::to_string(a));
+    auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x.get() == b; });
     gone = std::move(*it);
     local_.erase(it);
   }
-  gone.reset();  // the MRs deregister here
+  gone.reset();  // the MRs deregister here, with no WR left that uses them
   return do_publish ? publish() : status{};
 }
 
@@ -153,6 +194,7 @@ const local_buffer* rdma_transport<P>::find_local(std::uint64_t addr, std::uint6
   if (it == local_.begin()) return nullptr;
   const local_buffer& b = **(it - 1);
   if (len > b.length || addr - b.addr > b.length - len) return nullptr;
+  if (b.closing.load(std::memory_order_relaxed)) return nullptr;
   return &b;
 }
 
@@ -163,8 +205,42 @@ status rdma_transport<P>::set_segment(segment_id id, const segment_desc& d) {
   auto seg = remote_segment::resolve(d);
   if (!seg) return fail(seg.error());
   std::unique_lock lock(seg_mu_);
-  if (segments_.size() <= id) segments_.resize(id + 1);
-  segments_[id] = std::move(*seg);
+  while (segments_.size() <= id) segments_.push_back(std::make_unique<segment_slot>());
+  segments_[id]->view = std::move(*seg);
+  return {};
+}
+
+template <class P>
+std::size_t rdma_transport<P>::segment_inflight(segment_id id) const noexcept {
+  std::shared_lock lock(seg_mu_);
+  return id < segments_.size() ? segments_[id]->inflight.load(std::memory_order_acquire) : 0;
+}
+
+template <class P>
+status rdma_transport<P>::quiesce_segment(segment_id id, in_flight mode) noexcept {
+  segment_slot* slot = nullptr;
+  {
+    std::shared_lock lock(seg_mu_);
+    if (id < segments_.size()) slot = segments_[id].get();
+  }
+  if (slot == nullptr) return {};
+  const std::size_t n = slot->inflight.load(std::memory_order_acquire);
+  if (n == 0) return {};
+  try {
+    if (mode == in_flight::reject)
+      return fail(errc::busy, "close_segment: " + std::to_string(n) + " slice(s) of submitted transfers to segment " +
+                                  std::to_string(id) + " in flight; wait for them, or pass tide::in_flight::drain or "
+                                  "in_flight::cancel");
+    if (mode == in_flight::cancel) {
+      const std::atomic<std::size_t>* counter = &slot->inflight;
+      batches_->cancel_where([counter](const detail::task_state& t) { return t.segment_inflight == counter; });
+    }
+    if (!drain(slot->inflight))
+      return fail(errc::busy, "close_segment: " + std::to_string(slot->inflight.load()) + " slice(s) to segment " +
+                                  std::to_string(id) + " did not finish within transfer_timeout + 10 s");
+  } catch (const std::bad_alloc&) {
+    return fail(error{errc::busy, {}});
+  }
   return {};
 }
 
@@ -173,7 +249,7 @@ void rdma_transport<P>::drop_segment(segment_id id) {
   std::shared_ptr<const remote_segment> old;
   {
     std::unique_lock lock(seg_mu_);
-    if (id < segments_.size()) old = std::move(segments_[id]);
+    if (id < segments_.size()) old = std::move(segments_[id]->view);
   }
   // Its endpoints go too (those with work in flight drain first).
   if (old)
@@ -211,6 +287,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
   struct resolved {
     const local_buffer* local;
     std::shared_ptr<const remote_segment> seg;
+    segment_slot* slot;
     int peer_buffer;
     std::uint64_t remote_addr;
   };
@@ -238,11 +315,14 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     for (int attempt = 0; attempt < 2; ++attempt) {
       {
         std::shared_lock seg_lock(seg_mu_);
-        res[i].seg = r.target < segments_.size() ? segments_[r.target] : nullptr;
+        res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
+        res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
       }
       if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
       const remote_segment& seg = *res[i].seg;
       if (r.buffer != transfer_request::kRawAddress) {
+        // The forced refresh: the peer may have registered the buffer since.
+        if (r.buffer >= seg.buffers.size() && attempt == 0 && refresh_ && refresh_(r.target)) continue;
         if (r.buffer >= seg.buffers.size())
           return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has " + std::to_string(seg.buffers.size()) +
                                                " buffer(s), no buffer " + std::to_string(r.buffer));
@@ -312,6 +392,11 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
       off += len;
     }
     t.keep_alive = res[i].seg;
+    // Counted under the local table's shared lock: unregister_memory sees it.
+    t.local_inflight = &lb.inflight;
+    t.segment_inflight = &res[i].slot->inflight;
+    t.local_inflight->fetch_add(n, std::memory_order_relaxed);
+    t.segment_inflight->fetch_add(n, std::memory_order_relaxed);
     total += n;
   }
   local_lock.unlock();
