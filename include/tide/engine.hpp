@@ -156,12 +156,17 @@ class transfer_engine {
   [[nodiscard]] result<std::shared_ptr<const segment_desc>> segment_descriptor(segment_id id) const;
 
   // ---- batches (hot path) ----
-  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) { return transport_->allocate_batch(capacity); }
+  // None of these throws; a failed allocation is errc::out_of_memory.
+  /// Errors: capacity_zero, resource_exhausted (max_batches reached), out_of_memory.
+  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) noexcept {
+    return transport_->allocate_batch(capacity);
+  }
   /// Errors: unknown_batch, batch_busy (unfinished tasks or slices in flight).
-  [[nodiscard]] status free_batch(batch_id b) { return transport_->free_batch(b); }
+  [[nodiscard]] status free_batch(batch_id b) noexcept { return transport_->free_batch(b); }
   /// Errors: unknown_batch, batch_full, zero_length, unregistered_source,
-  /// unknown_segment, out_of_bounds.  Nothing is submitted on an error.
-  [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) {
+  /// unknown_segment, out_of_bounds, out_of_memory.  Nothing is submitted on
+  /// an error.
+  [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) noexcept {
     return transport_->submit(b, requests);
   }
   /// Final means final: a task is reported COMPLETED, FAILED, TIMEOUT or
@@ -170,17 +175,21 @@ class transfer_engine {
   /// was dropped before posting).  Until then it is PENDING, also after its
   /// transfer_timeout passed or cancel() was called.  `reason` is the first
   /// error that hit the task (see transfer_status).
-  [[nodiscard]] result<transfer_status> status_of(batch_id b, std::size_t task) { return transport_->task_status(b, task); }
-  [[nodiscard]] result<transfer_status> batch_status(batch_id b) { return transport_->batch_status(b); }
+  [[nodiscard]] result<transfer_status> status_of(batch_id b, std::size_t task) noexcept {
+    return transport_->task_status(b, task);
+  }
+  [[nodiscard]] result<transfer_status> batch_status(batch_id b) noexcept { return transport_->batch_status(b); }
   /// Blocks (no spinning) until every task of the batch is final, so after
   /// it returns no DMA of the batch touches the user's memory any more, also
   /// for TIMEOUT and CANCELED tasks.  Errors: timed_out (this wait's own
   /// timeout), unknown_batch.
-  [[nodiscard]] status wait(batch_id b, std::chrono::milliseconds timeout) { return transport_->wait(b, timeout); }
+  [[nodiscard]] status wait(batch_id b, std::chrono::milliseconds timeout) noexcept {
+    return transport_->wait(b, timeout);
+  }
   /// Marks every unfinished task to end CANCELED: slices not yet posted are
   /// dropped, posted ones drain (complete or flush); each task turns
   /// CANCELED when its last slice is back (wait() returns then).
-  [[nodiscard]] status cancel(batch_id b) { return transport_->cancel(b); }
+  [[nodiscard]] status cancel(batch_id b) noexcept { return transport_->cancel(b); }
 
   // ---- notifications ----
   /// Sends `msg` to the owner of segment `target` over its handshake port.

@@ -283,3 +283,19 @@ TEST_CASE("batch_table: concurrent allocate / free / lookup / status never mix b
   CHECK(cycles.load() > 0);
   CHECK(t->live_batches() == 0);
 }
+
+TEST_CASE("no exceptions on the hot path: a batch too big for memory is out_of_memory, not bad_alloc") {
+  auto t = make_table(2);
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)  // their allocators abort instead
+  auto r = t->allocate(std::size_t{1} << 30);  // ~2^30 tasks: far more than this host has
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::out_of_memory);
+  CHECK(r.error().detail.find("1073741824 tasks") != std::string::npos);
+#endif
+  // The table is intact.
+  const batch_id id = t->allocate(4).value();
+  CHECK(t->free(id));
+  static_assert(noexcept(t->allocate(1)) && noexcept(t->free(1)) && noexcept(t->task_status(1, 0)) &&
+                noexcept(t->batch_status(1)) && noexcept(t->wait(1, std::chrono::milliseconds(1))) &&
+                noexcept(t->cancel(1)));
+}

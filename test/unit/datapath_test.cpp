@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <set>
 #include <thread>
+#include <utility>
 
 using namespace tide;
 
@@ -167,3 +168,11 @@ TEST_CASE("transfer_engine::create without an RDMA device says so") {
   REQUIRE_FALSE(e);
   CHECK(e.error().code == errc::no_device);
 }
+
+// The hot path reports failures (out_of_memory included) and throws nothing.
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().submit(0, {})));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().status_of(0, 0)));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().batch_status(0)));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().wait(0, std::chrono::milliseconds(1))));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().cancel(0)));
+static_assert(noexcept(std::declval<tide::rdma::rdma_transport<tide::default_policies>&>().submit(0, {})));

@@ -94,15 +94,20 @@ class rdma_transport {
   [[nodiscard]] status quiesce_segment(segment_id id, in_flight mode) noexcept;
 
   // ---- batches ----
-  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) { return batches_->allocate(capacity); }
-  [[nodiscard]] status free_batch(batch_id id) { return batches_->free(id); }
-  [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests);
-  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) {
+  // The hot path throws nothing: an allocation that fails is errc::out_of_memory.
+  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) noexcept { return batches_->allocate(capacity); }
+  [[nodiscard]] status free_batch(batch_id id) noexcept { return batches_->free(id); }
+  /// Errors: see transfer_engine::submit; out_of_memory.  Nothing is
+  /// submitted on an error.
+  [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests) noexcept;
+  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept {
     return batches_->task_status(id, task);
   }
-  [[nodiscard]] result<transfer_status> batch_status(batch_id id) { return batches_->batch_status(id); }
-  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) { return batches_->wait(id, timeout); }
-  [[nodiscard]] status cancel(batch_id id) { return batches_->cancel(id); }
+  [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept { return batches_->batch_status(id); }
+  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) noexcept {
+    return batches_->wait(id, timeout);
+  }
+  [[nodiscard]] status cancel(batch_id id) noexcept { return batches_->cancel(id); }
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of
@@ -120,6 +125,7 @@ class rdma_transport {
   explicit rdma_transport(const transport_config& cfg) : cfg_(cfg) {}
 
   void on_failed(detail::slice& s, errc e) noexcept;
+  [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests);
   [[nodiscard]] int pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry, std::uint32_t rnd) const noexcept;
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
   // Waits (bounded) until `count` is 0, expiring timed-out tasks meanwhile.

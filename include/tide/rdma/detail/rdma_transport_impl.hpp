@@ -273,7 +273,23 @@ int rdma_transport<P>::pick_local(const local_buffer& b, std::uint64_t offset, u
 }
 
 template <class P>
-status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) {
+status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) noexcept {
+  try {
+    return submit_or_throw(id, requests);
+  } catch (const std::bad_alloc&) {
+    // Every allocation happens before the batch or a counter changes, so
+    // nothing was submitted.  No detail: building one could throw again.
+    return fail(error{errc::out_of_memory, {}});
+  } catch (...) {
+    return fail(error{errc::out_of_memory, {}});
+  }
+}
+
+// May throw std::bad_alloc, and only before it changes anything: the scratch
+// vector and the tasks' slice vectors are sized before the first task or
+// in-flight counter is touched.
+template <class P>
+status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_request> requests) {
   detail::batch_state* b = batches_->lookup(id);
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
@@ -343,6 +359,14 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
       return fail(errc::out_of_bounds, where() + "[" + std::to_string(r.target_offset) + ", +" + std::to_string(r.length) +
                                            ") is outside every buffer of segment " + seg.name);
     }
+  }
+
+  // Every allocation first (the slice vectors keep their capacity across
+  // reuses, so this is free in the steady state).
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const std::size_t q = requests[i].length / cfg_.slice_size;
+    const std::size_t rem = requests[i].length % cfg_.slice_size;
+    b->tasks[used + i].slices.reserve(rem == 0 ? q : (rem <= cfg_.fragment_limit && q >= 1 ? q : q + 1));
   }
 
   // Build the slices and chain them per (context, shard): one push per chain.
