@@ -75,12 +75,22 @@ struct engine_config {
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
 
-  /// Applies TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
+  /// Applies, in this order, the JSON file named by TIDE_CONFIG (apply_file)
+  /// and the TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
   /// RETRY_CNT, QP_RETRY_CNT, QP_TIMEOUT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON,
-  /// METADATA_CLUSTER_ID.
-  /// Errors: config_invalid naming the variable.
+  /// METADATA_CLUSTER_ID.  transfer_engine::create calls it.
+  /// Errors: config_invalid naming the variable (or the file and key).
   [[nodiscard]] status apply_env();
+
+  /// Sets the fields named in a JSON object file: keys are the field names
+  /// above ("slice_size", "devices", ...; durations as "<name>_ms", e.g.
+  /// "transfer_timeout_ms"), with the same ranges as the environment
+  /// overrides.  All or nothing.  Errors: config_invalid naming the file and
+  /// the key (unknown key, wrong type, out of range), or why it cannot be read.
+  [[nodiscard]] status apply_file(const std::string& path);
+  /// engine_config{} with apply_file(path).
+  [[nodiscard]] static result<engine_config> from_file(const std::string& path);
 };
 
 namespace detail {
@@ -139,6 +149,12 @@ class transfer_engine {
   /// (in_flight::cancel).  A drain is bounded by transfer_timeout + 10 s.
   /// Errors: not_registered, busy.
   [[nodiscard]] status unregister_memory(void* addr, in_flight mode = in_flight::reject);
+  /// The stable id of the buffer registered at `addr`: peers address it
+  /// with transfer_request::in_buffer(op, src, segment, id, offset, len).
+  /// Ids count up from 0 per engine in registration order and are never
+  /// reused, so an id keeps naming the same buffer (or none) whatever is
+  /// registered or unregistered meanwhile.  Errors: not_registered.
+  [[nodiscard]] result<std::uint32_t> buffer_id(const void* addr) const { return transport_->buffer_id(addr); }
   /// All or nothing per buffer; one publish at the end.
   [[nodiscard]] status register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location = "*");
   [[nodiscard]] status unregister_memory_batch(std::span<void* const> addrs);

@@ -34,9 +34,13 @@ enum class in_flight : std::uint8_t { reject, drain, cancel };
 ///    virtual address (as published in the peer's buffer descriptor); the
 ///    range must lie inside one remote buffer or submit rejects it with
 ///    errc::out_of_bounds.
-///  - bounds-checked: `buffer` is the index of a buffer in the segment's
-///    descriptor and `target_offset` an offset inside that buffer; submit
-///    rejects `target_offset + length > buffer length` with errc::out_of_bounds.
+///  - bounds-checked: `buffer` is the stable id of a buffer of the segment
+///    (transfer_engine::buffer_id on the owner; published as buffers[].id;
+///    for a Mooncake peer, whose descriptor has no ids, the index in its
+///    buffers[]) and `target_offset` an offset inside that buffer; submit
+///    rejects `target_offset + length > buffer length` with errc::out_of_bounds,
+///    and an id the segment does not have (after one forced refresh of its
+///    descriptor) with errc::out_of_bounds too.
 struct transfer_request {
   static constexpr std::uint32_t kRawAddress = std::numeric_limits<std::uint32_t>::max();
 
@@ -52,7 +56,7 @@ struct transfer_request {
                                                              std::uint64_t remote_addr, std::size_t length) noexcept {
     return {op, source, target, remote_addr, length, kRawAddress};
   }
-  /// The bounds-checked form: buffer `buffer` of the segment, at `offset`.
+  /// The bounds-checked form: the buffer with id `buffer` of the segment, at `offset`.
   [[nodiscard]] static constexpr transfer_request in_buffer(transfer_op op, void* source, segment_id target,
                                                             std::uint32_t buffer, std::uint64_t offset,
                                                             std::size_t length) noexcept {
@@ -96,7 +100,7 @@ struct transfer_status {
   /// and the peer NIC path "<segment>@<nic>".  The view stays valid until
   /// the batch is freed.
   std::uint16_t failed_local_device = kNoDevice;
-  std::string_view failed_peer_path;
+  std::string_view failed_peer_path{};
 };
 
 }  // namespace tide

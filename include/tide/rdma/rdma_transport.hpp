@@ -77,6 +77,9 @@ class rdma_transport {
   /// for the slices, at most transfer_timeout + 10 s) or cancel (cancels
   /// their tasks, then drains).  Errors: not_registered, busy.
   [[nodiscard]] status unregister_memory(void* addr, bool publish = true, in_flight mode = in_flight::reject);
+  /// The stable id of the buffer registered at `addr` (what peers address
+  /// with transfer_request::in_buffer).  Errors: not_registered.
+  [[nodiscard]] result<std::uint32_t> buffer_id(const void* addr) const;
   [[nodiscard]] segment_desc local_segment() const;
   [[nodiscard]] status publish();
   [[nodiscard]] std::size_t registered_buffers() const;
@@ -140,6 +143,7 @@ class rdma_transport {
 
   mutable std::shared_mutex local_mu_;
   std::vector<std::unique_ptr<local_buffer>> local_;  ///< sorted by addr
+  std::uint32_t next_buffer_id_ = 0;                  ///< under local_mu_
 
   mutable std::shared_mutex seg_mu_;
   /// A segment id's current view and its in-flight slice count.  Slots are

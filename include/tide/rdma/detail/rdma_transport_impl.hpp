@@ -87,6 +87,10 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
     if (overlaps_next || overlaps_prev)
       return fail(errc::already_registered, "register_memory: [" + std::to_string(b->addr) + ", +" +
                                                 std::to_string(len) + ") overlaps a registered buffer");
+    // Ids are never reused: a peer may still hold one of a buffer long gone.
+    if (next_buffer_id_ == transfer_request::kRawAddress)
+      return fail(errc::resource_exhausted, "register_memory: all 2^32-1 buffer ids of this engine are used");
+    b->id = next_buffer_id_++;
     local_.insert(it, std::move(b));
   }
   return do_publish ? publish() : status{};
@@ -150,6 +154,15 @@ status rdma_transport<P>::unregister_memory(void* addr, bool do_publish, in_flig
 }
 
 template <class P>
+result<std::uint32_t> rdma_transport<P>::buffer_id(const void* addr) const {
+  std::shared_lock lock(local_mu_);
+  const auto a = reinterpret_cast<std::uint64_t>(addr);
+  for (const auto& b : local_)
+    if (b->addr == a && !b->closing.load(std::memory_order_relaxed)) return b->id;
+  return fail(errc::not_registered, "buffer_id: no buffer starts at " + std::to_string(a));
+}
+
+template <class P>
 std::size_t rdma_transport<P>::registered_buffers() const {
   std::shared_lock lock(local_mu_);
   return local_.size();
@@ -169,8 +182,14 @@ segment_desc rdma_transport<P>::local_segment() const {
   }
   for (const auto& [key, lists] : matrix_.lists()) d.priority[key] = priority_entry{lists.first, lists.second};
   std::shared_lock lock(local_mu_);
-  for (const auto& b : local_) {
+  // In id (= registration) order, so a peer that indexes buffers[] (no ids)
+  // sees the order they were registered in.
+  std::vector<const local_buffer*> by_id;
+  for (const auto& b : local_) by_id.push_back(b.get());
+  std::sort(by_id.begin(), by_id.end(), [](const local_buffer* x, const local_buffer* y) { return x->id < y->id; });
+  for (const local_buffer* b : by_id) {
     buffer_desc bd;
+    bd.id = b->id;
     bd.name = b->location_text;
     bd.addr = b->addr;
     bd.length = b->length;
@@ -337,17 +356,18 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
       if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
       const remote_segment& seg = *res[i].seg;
       if (r.buffer != transfer_request::kRawAddress) {
+        const int idx = seg.find_id(r.buffer);
         // The forced refresh: the peer may have registered the buffer since.
-        if (r.buffer >= seg.buffers.size() && attempt == 0 && refresh_ && refresh_(r.target)) continue;
-        if (r.buffer >= seg.buffers.size())
-          return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has " + std::to_string(seg.buffers.size()) +
-                                               " buffer(s), no buffer " + std::to_string(r.buffer));
-        const auto& pb = seg.buffers[r.buffer];
+        if (idx < 0 && attempt == 0 && refresh_ && refresh_(r.target)) continue;
+        if (idx < 0)
+          return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has no buffer with id " +
+                                               std::to_string(r.buffer) + " (never registered, or unregistered)");
+        const auto& pb = seg.buffers[static_cast<std::size_t>(idx)];
         if (r.target_offset > pb.length || r.length > pb.length - r.target_offset)
           return fail(errc::out_of_bounds, where() + "offset " + std::to_string(r.target_offset) + " + length " +
-                                               std::to_string(r.length) + " exceeds buffer " + std::to_string(r.buffer) +
+                                               std::to_string(r.length) + " exceeds buffer id " + std::to_string(r.buffer) +
                                                " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
-        res[i].peer_buffer = static_cast<int>(r.buffer);
+        res[i].peer_buffer = idx;
         res[i].remote_addr = pb.addr + r.target_offset;
         break;
       }
