@@ -244,18 +244,16 @@ class lane {
     }
   }
 
-  // Retires canceled / already-final slices of a group before posting.
+  // Retires the slices of tasks marked to stop (timeout, cancel) before posting.
   static void drop_dead(group& g) noexcept {
     detail::slice** link = &g.head;
     g.tail = nullptr;
     while (*link != nullptr) {
       detail::slice* s = *link;
-      const bool canceled = s->task->batch->canceled.load(std::memory_order_relaxed);
-      const bool final = is_final(s->task->state.load(std::memory_order_relaxed));
-      if (canceled || final) [[unlikely]] {
+      if (const errc why = detail::should_drop(*s); why != errc::ok) [[unlikely]] {
         *link = s->next;
         s->next = nullptr;
-        detail::retire_wr(*s, canceled ? errc::canceled : errc::timed_out);
+        detail::retire_wr(*s, why);
         continue;
       }
       g.tail = s;

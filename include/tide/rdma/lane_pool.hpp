@@ -28,6 +28,8 @@ namespace tide::rdma {
 
 template <class P>
 class lane_pool {
+  static_assert(check_policy_set<P>());
+
  public:
   static constexpr std::size_t kShards = 8;  ///< shard_hash's modulus (Mooncake's kShardCount)
 

@@ -66,7 +66,7 @@ void rdma_transport<P>::dispatch_one(detail::slice& s) noexcept {
 template <class P>
 status rdma_transport<P>::set_rail_map(segment_id id, const segment_desc& d) {
   // Caller holds seg_mu_ exclusively.
-  const remote_segment& seg = *segments_[id];
+  const remote_segment& seg = *segments_[id]->view;
   std::vector<plan::gid_raw> local_gids, peer_gids;
   for (const auto& c : contexts_) local_gids.push_back(c->gid().raw);
   for (std::size_t i = 0; i < seg.nic_paths.size(); ++i)
@@ -103,6 +103,17 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
       maps[i] = requests[i].target < rail_maps_.size() ? rail_maps_[requests[i].target] : nullptr;
   }
 
+  // Every allocation before the first task or counter changes (submit's
+  // promise: a bad_alloc leaves nothing submitted).  The slice vectors keep
+  // their capacity across reuses, so this is free in the steady state.
+  std::uint32_t widest_group = 0;
+  for (const auto& g : planned.groups) widest_group = std::max(widest_group, g.wr_count);
+  wr_bytes.reserve(widest_group);
+  wr_rails.reserve(widest_group);
+  heads.clear();
+  heads.reserve(planned.wrs.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) b.tasks[used + i].slices.reserve(planned.requests[i].piece_count);
+
   const auto now = std::chrono::steady_clock::now();
   const std::int64_t now_ns = detail::steady_now_ns();
   const std::int64_t now_us = now_ns / 1000;
@@ -110,20 +121,17 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   for (std::size_t i = 0; i < requests.size(); ++i) {
     detail::task_state& t = b.tasks[used + i];
     const std::uint32_t n = planned.requests[i].piece_count;
-    t.slices.resize(n);
-    t.target = requests[i].target;
-    t.deadline = now + cfg_.transfer_timeout;
-    t.bytes.store(0, std::memory_order_relaxed);
-    t.reason.store(errc::ok, std::memory_order_relaxed);
-    t.any_failed.store(false, std::memory_order_relaxed);
-    t.slices_left.store(n, std::memory_order_relaxed);
-    t.state.store(transfer_state::pending, std::memory_order_relaxed);
+    detail::reset_task(t, n, requests[i].target, now + cfg_.transfer_timeout);
     t.keep_alive = res[i].seg;
+    // Counted under the local table's shared lock: unregister_memory sees it.
+    t.local_inflight = &res[i].local->inflight;
+    t.segment_inflight = &res[i].slot->inflight;
+    t.local_inflight->fetch_add(n, std::memory_order_relaxed);
+    t.segment_inflight->fetch_add(n, std::memory_order_relaxed);
     total += n;
   }
 
   const std::uint32_t active = active_mask();
-  heads.clear();
   candidate_lists cands;
   for (const auto& g : planned.groups) {
     const std::size_t fr = g.first_request;
@@ -212,8 +220,13 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
                           << (snap.until_us - now_us) / 1000 << " ms after " << to_string(e));
   }
   detail::task_state& t = *s.task;
-  const bool final = is_final(t.state.load(std::memory_order_acquire));
-  const bool retriable = e != errc::canceled && e != errc::timed_out && !final;
+  // The first wire error is the task's cause even when a retry succeeds
+  // for this slice (a later failure of another slice then names it).
+  detail::note_cause(t, e, &s);
+  // A task marked to stop (timeout, cancel) is not retried: it becomes
+  // final once its slices have all retired.
+  const bool stopping = detail::should_drop(s) != errc::ok;
+  const bool retriable = e != errc::canceled && e != errc::timed_out && !stopping;
   if (!retriable || s.retries >= cfg_.max_retry || s.rails == nullptr) {
     detail::retire_wr(s, e);
     return;
