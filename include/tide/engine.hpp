@@ -20,7 +20,7 @@
 /// (submit, task_status, batch_status) takes no lock but a per-batch submit
 /// mutex and a shared lock on the buffer tables.
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/metadata/segment_cache.hpp>
 #include <tide/policies.hpp>
 #include <tide/policy/p2p.hpp>

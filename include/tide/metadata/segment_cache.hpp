@@ -26,7 +26,7 @@
 /// backend round trips happen outside the lock.
 
 #include <tide/metadata/backend.hpp>
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 
 #include <cstdint>
 #include <map>

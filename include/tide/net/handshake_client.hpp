@@ -17,7 +17,7 @@
 /// request), errc::frame_too_large (reply above opts.max_reply); typed helpers
 /// add errc::metadata_malformed (reply JSON) and errc::handshake_rejected.
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/net/frame.hpp>
 #include <tide/result.hpp>
 

@@ -28,7 +28,7 @@
 ///
 /// Asio lives in src/net/handshake_server.cpp only (pimpl).
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/net/frame.hpp>
 #include <tide/result.hpp>
 

@@ -4,7 +4,7 @@
 /// address lookup, NIC paths, device choice through the peer's priority
 /// matrix).  Built on the setup path; read on the hot path without locks.
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/result.hpp>
 #include <tide/topology/location.hpp>
 #include <tide/topology/priority_matrix.hpp>

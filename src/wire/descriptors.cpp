@@ -1,7 +1,7 @@
 // JSON codecs for the Mooncake-compatible descriptors (the only TU of the
 // metadata layer that parses descriptor JSON; nlohmann stays out of headers).
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 
 #include "json_util.hpp"
 
