@@ -49,6 +49,8 @@ status engine_config::apply_env() {
   transfer_timeout = std::chrono::milliseconds(timeout_ms);
   if (const char* v = env("CUSTOM_TOPO_JSON", which)) custom_topology_json = v;
   if (const char* v = env("METADATA_CLUSTER_ID", which)) cluster_id = v;
+  if (const char* v = env("AUTH_SECRET_FILE", which)) auth_secret_file = v;
+  if (const char* v = env("HANDSHAKE_BIND", which)) bind_host = v;
   return {};
 }
 

@@ -32,9 +32,19 @@ struct device_chooser {
   static device_chooser make(const topology::location& loc, const topology::priority_matrix& m);
 };
 
+/// The MR access flags for `a`: local write always; REMOTE_READ/WRITE as
+/// granted; never REMOTE_ATOMIC.
+[[nodiscard]] constexpr int mr_access(buffer_access a) noexcept {
+  int f = IBV_ACCESS_LOCAL_WRITE;
+  if (allows_read(a)) f |= IBV_ACCESS_REMOTE_READ;
+  if (allows_write(a)) f |= IBV_ACCESS_REMOTE_WRITE;
+  return f;
+}
+
 struct local_buffer {
   std::uint64_t addr = 0;
   std::uint64_t length = 0;
+  buffer_access access = buffer_access::remote_read_write;
   std::string location_text;
   device_chooser chooser;
   std::vector<verbs::memory_region> mrs;  ///< one per context, in device-id order
@@ -45,6 +55,7 @@ struct remote_buffer {
   std::uint64_t addr = 0;
   std::uint64_t length = 0;
   std::vector<std::uint32_t> rkeys;  ///< per device, devices[] order
+  buffer_access access = buffer_access::remote_read_write;  ///< what the owner grants (its descriptor)
   device_chooser chooser;            ///< yields matrix ids; map with remote_segment::to_desc
 };
 

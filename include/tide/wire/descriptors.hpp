@@ -35,6 +35,24 @@
 
 namespace tide {
 
+namespace wire {
+class cluster_secret;
+}
+
+/// What peers may do to a registered buffer.  The MR's access flags follow
+/// it (remote_read: REMOTE_READ only; local_only: no remote flag, and the
+/// buffer is never published).  No REMOTE_ATOMIC in any of them.
+enum class buffer_access : std::uint8_t { local_only, remote_read, remote_write, remote_read_write };
+
+/// "local_only", "remote_read", "remote_write", "remote_read_write".
+[[nodiscard]] std::string_view to_string(buffer_access a) noexcept;
+[[nodiscard]] constexpr bool allows_read(buffer_access a) noexcept {
+  return a == buffer_access::remote_read || a == buffer_access::remote_read_write;
+}
+[[nodiscard]] constexpr bool allows_write(buffer_access a) noexcept {
+  return a == buffer_access::remote_write || a == buffer_access::remote_read_write;
+}
+
 /// A 128-bit RDMA GID in network byte order (same layout as ibv_gid::raw).
 struct gid_bytes {
   std::array<std::uint8_t, 16> raw{};
@@ -65,6 +83,10 @@ struct buffer_desc {
   std::uint64_t length = 0;         ///< bytes
   std::vector<std::uint32_t> lkey;  ///< one per device, in devices[] order
   std::vector<std::uint32_t> rkey;  ///< one per device, in devices[] order
+  /// tide's extension, JSON "access" ("remote_read" / "remote_write"),
+  /// written only when not the default; Mooncake ignores it, and a buffer
+  /// without it (every Mooncake buffer) allows both.
+  buffer_access access = buffer_access::remote_read_write;
   friend bool operator==(const buffer_desc&, const buffer_desc&) = default;
 };
 
@@ -127,11 +149,22 @@ struct notify_desc {
 
 /// Compact JSON (keys sorted, as jsoncpp writes them) ending in '\n'.
 /// Does not validate; invalid UTF-8 in strings is replaced by U+FFFD.
+/// With `seal` (a cluster secret), every buffer's addr, rkey and lkey are
+/// replaced by one "sealed" field (wire/seal.hpp): readers of the metadata
+/// store learn names, lengths and access, never an address or a key.
+/// Errors only with `seal`, when the cipher fails: errc::auth_failed.
 [[nodiscard]] std::string encode_segment(const segment_desc& desc);
+[[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal);
 /// Parses and validates.  Unknown fields are ignored.  Required: name,
 /// protocol, buffers, and for "rdma" devices and priority_matrix; optional:
-/// timestamp, tcp_data_port, tcp_proto_version (default 1), rdma_server_name.
+/// timestamp, tcp_data_port, tcp_proto_version (default 1), rdma_server_name,
+/// and per buffer access.  Without `seal` a sealed buffer is
+/// metadata_malformed ("buffers[i].sealed: ... configure auth_secret_file");
+/// with it every buffer must be sealed (an unsealed one, which anyone who can
+/// write the store could have put there, is metadata_malformed) and one that
+/// fails to open is metadata_malformed "buffers[i].sealed: authentication failed ...".
 [[nodiscard]] result<segment_desc> decode_segment(std::string_view json);
+[[nodiscard]] result<segment_desc> decode_segment(std::string_view json, const wire::cluster_secret* seal);
 
 /// `ready_ack` and `mtu` are written only when set.
 [[nodiscard]] std::string encode_handshake(const handshake_desc& desc);

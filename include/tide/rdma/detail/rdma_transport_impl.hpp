@@ -68,7 +68,8 @@ rdma_transport<P>::~rdma_transport() {
 // ---------------------------------------------------------------- memory
 
 template <class P>
-status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::string_view location, bool do_publish) {
+status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::string_view location, bool do_publish,
+                                          buffer_access access) {
   if (addr == nullptr) return fail(errc::invalid_argument, "register_memory: null address");
   if (len == 0) return fail(errc::zero_length, "register_memory: length 0");
   auto loc = topology::location::parse(location);
@@ -77,9 +78,10 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
   b->addr = reinterpret_cast<std::uint64_t>(addr);
   b->length = len;
   b->location_text = std::string(location);
+  b->access = access;
   b->chooser = device_chooser::make(*loc, matrix_);
   for (auto& c : contexts_) {
-    auto mr = c->register_memory(addr, len);
+    auto mr = verbs::memory_region::register_memory(c->pd(), addr, len, mr_access(access));
     if (!mr) return fail(mr.error());
     b->lkeys.push_back(mr->lkey());
     b->mrs.push_back(std::move(*mr));
@@ -135,7 +137,9 @@ segment_desc rdma_transport<P>::local_segment() const {
   for (const auto& [key, lists] : matrix_.lists()) d.priority[key] = priority_entry{lists.first, lists.second};
   std::shared_lock lock(local_mu_);
   for (const auto& b : local_) {
+    if (b->access == buffer_access::local_only) continue;  // never published
     buffer_desc bd;
+    bd.access = b->access;
     bd.name = b->location_text;
     bd.addr = b->addr;
     bd.length = b->length;
@@ -329,11 +333,20 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
                                                " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
         res[i].peer_buffer = static_cast<int>(r.buffer);
         res[i].remote_addr = pb.addr + r.target_offset;
+      } else {
+        res[i].peer_buffer = seg.find(r.target_offset, r.length);
+        res[i].remote_addr = r.target_offset;
+      }
+      if (res[i].peer_buffer >= 0) {
+        // What the owner's descriptor grants; the NIC enforces the same through its MR.
+        const buffer_access a = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].access;
+        if (!(r.op == transfer_op::write ? allows_write(a) : allows_read(a))) [[unlikely]]
+          return fail(errc::remote_access_denied,
+                      where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
+                          std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
+                          std::string(to_string(a)) + " only");
         break;
       }
-      res[i].peer_buffer = seg.find(r.target_offset, r.length);
-      res[i].remote_addr = r.target_offset;
-      if (res[i].peer_buffer >= 0) break;
       // The seeds' forced refresh: the peer may have registered more memory since.
       if (attempt == 0 && refresh_ && refresh_(r.target)) continue;
       return fail(errc::out_of_bounds, where() + "[" + std::to_string(r.target_offset) + ", +" + std::to_string(r.length) +
@@ -556,7 +569,7 @@ status rdma_transport<P>::cancel(batch_id id) {
 }
 
 template <class P>
-handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req) {
+handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::string_view peer_identity) {
   const auto at = req.peer_nic_path.find('@');
   const std::string_view nic = at == std::string::npos ? std::string_view{} : std::string_view(req.peer_nic_path).substr(at + 1);
   auto reject = [&](std::string why) {
@@ -566,6 +579,14 @@ handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req) {
     r.reply_msg = std::move(why);
     return r;
   };
+  // Identity binding (cluster secret set): the first authenticated peer to
+  // connect an endpoint path owns it; another identity may not re-handshake it.
+  if (!peer_identity.empty()) {
+    std::lock_guard lock(identity_mu_);
+    auto [it, fresh] = peer_identity_.try_emplace(req.local_nic_path, peer_identity);
+    if (!fresh && it->second != peer_identity)
+      return reject("Invalid argument: endpoint " + req.local_nic_path + " belongs to another authenticated peer");
+  }
   for (auto& c : contexts_) {
     if (c->name() != nic) continue;
     // A ready ack carries no GID the passive side needs; only connects do.
