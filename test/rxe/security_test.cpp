@@ -79,16 +79,26 @@ struct buffer {
   unsigned char* data;
 };
 
-// QPs of this process on `device`, from the kernel; -1 when rdma(8) is missing.
+// RC QPs on `device`, from the kernel (`rdma resource show qp`; only this
+// test process makes RC QPs in the VM); -1 when rdma(8) is missing.
 int kernel_qps(const std::string& device) {
-  const std::string cmd = "rdma resource show qp 2>/dev/null | grep 'pid " + std::to_string(::getpid()) +
-                          " ' | grep -c 'link " + device + "/'";
+  const std::string cmd = "rdma resource show qp 2>/dev/null | grep 'link " + device + "/' | grep -c 'type RC'";
   int n = -1;
   if (FILE* p = ::popen(cmd.c_str(), "r")) {
     if (std::fscanf(p, "%d", &n) != 1) n = -1;
     ::pclose(p);
   }
   return n;
+}
+
+std::string kernel_qp_listing() {
+  std::string out;
+  if (FILE* p = ::popen("rdma resource show qp 2>&1", "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    ::pclose(p);
+  }
+  return out;
 }
 
 // What a stranger sends: a connect with made-up QPNs from a host on the
@@ -155,9 +165,10 @@ TEST_CASE("a stranger's connect gets no QP with the secret; without it, it gets 
     auto r = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), stranger_connect(*a, devs[0], gid), quick());
     const int after = kernel_qps(devs[0]);
     MESSAGE("without the secret: " << before << " QP(s) before, " << after << " after; reply "
-                                   << (r ? "accepted" : r.error().message()));
+                                   << (r ? "accepted" : r.error().message()) << "\n" << kernel_qp_listing());
     REQUIRE_MESSAGE(r.has_value(), r.error());
     CHECK(r->qp_num.size() == 2);
+    CHECK(a->transport().context(0).live_endpoints() == 1);
     if (before >= 0) CHECK(after == before + 2);
   }
   ::unlink(key.c_str());
