@@ -92,6 +92,7 @@ result<bench_options> parse_options(int argc, const char* const* argv,
        }},
       {"metadata_server", [&](std::string_view v) -> status { o.metadata_server = v; return {}; }},
       {"local_server_name", [&](std::string_view v) -> status { o.local_server_name = v; return {}; }},
+      {"auth_secret_file", [&](std::string_view v) -> status { o.auth_secret_file = v; return {}; }},
       {"segment_id", [&](std::string_view v) -> status { o.segment_id = v; return {}; }},
       {"device_name", [&](std::string_view v) -> status {
          o.device_names = split_list(v);
@@ -190,6 +191,7 @@ std::string usage(const std::vector<std::string>& policy_names) {
         "  --mode              target (serves a buffer) or initiator (drives transfers)\n"
         "  --metadata_server   P2PHANDSHAKE (default), etcd://host:port[,host:port], http://host:port/path\n"
         "  --local_server_name this process's host[:port] (default 127.0.0.1)\n"
+        "  --auth_secret_file  cluster secret file (>= 32 random bytes, mode 0600); both sides need it\n"
         "  --segment_id        the target's segment name (initiator; the target prints it)\n"
         "  --device_name       RDMA devices to use, comma-separated (default: all)\n"
         "  --operation         read (default) or write\n"

@@ -36,6 +36,7 @@ struct bench_options {
   report_unit unit;
   std::string policy = "default";
   std::string json_path;                  ///< empty: no JSON report
+  std::string auth_secret_file;           ///< cluster secret (engine_config::auth_secret_file)
   bool progress = true;                   ///< a progress line on stderr each second
   bool help = false;
 };

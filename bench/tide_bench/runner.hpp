@@ -55,6 +55,7 @@ inline engine_config bench_engine_config(const bench_options& o) {
   engine_config cfg;
   cfg.local_server_name = o.local_server_name;
   cfg.metadata = o.metadata_server;
+  if (!o.auth_secret_file.empty()) cfg.auth_secret_file = o.auth_secret_file;
   cfg.devices = o.device_names;
   return cfg;
 }

@@ -20,7 +20,9 @@
 /// (submit, task_status, batch_status) takes no lock but a per-batch submit
 /// mutex and a shared lock on the buffer tables.
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
+#include <tide/detail/notify_inbox.hpp>
+#include <tide/net/handshake_server.hpp>
 #include <tide/metadata/segment_cache.hpp>
 #include <tide/policies.hpp>
 #include <tide/policy/p2p.hpp>
@@ -75,8 +77,28 @@ struct engine_config {
   std::chrono::milliseconds metadata_timeout{3000};
   std::chrono::milliseconds handshake_connect_timeout{5000};
   std::chrono::milliseconds handshake_timeout{30000};
-  std::string bind_host = "0.0.0.0";       ///< handshake listener
+  /// The handshake listener's bind address (env TIDE_HANDSHAKE_BIND).
+  /// "0.0.0.0" (Mooncake's INADDR_ANY) lets every host that routes here
+  /// reach it; bind the RDMA network's interface address to keep it off
+  /// other networks.  Without auth_secret_file, anyone who reaches it can
+  /// read this engine's buffer addresses and rkeys and connect QPs.
+  std::string bind_host = "0.0.0.0";
   std::uint16_t handshake_port = 0;        ///< 0: a free port in 15000-17000
+  /// The cluster secret (env TIDE_AUTH_SECRET_FILE): a file of at least 32
+  /// random bytes, not readable by group or others.  "" = none: Mooncake's
+  /// unauthenticated wire.  Set: every handshake exchange (connect, metadata,
+  /// notify) is authenticated both ways (HMAC-SHA256 over both sides' fresh
+  /// nonces, wire/auth.hpp), a re-handshake for an endpoint is taken only from
+  /// the identity that first connected it, and published descriptors seal
+  /// buffer addresses and rkeys (AES-256-GCM, wire/seal.hpp).  Peers without
+  /// it (Mooncake included) then get nothing and see errors; every tide peer
+  /// of the cluster needs the same file.
+  std::string auth_secret_file;
+  /// Notification inbox bounds (detail/notify_inbox.hpp); over them a
+  /// message is refused (its sender told so) and counted in notify_stats().
+  std::size_t notify_max_count = 4096;
+  std::size_t notify_max_bytes = std::size_t{4} << 20;
+  std::uint32_t notify_rate_per_peer = 1000;  ///< per sender per second; 0 = unbounded
   std::string custom_topology_json;        ///< priority matrix override
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
@@ -118,7 +140,8 @@ struct engine_config {
   /// RETRY_CNT, QP_RETRY_CNT, QP_TIMEOUT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON,
   /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
   /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE,
-  /// MAX_CQE, MAX_WR, MAX_RD_ATOMIC, MAX_INLINE, SIGNAL_INTERVAL.
+  /// MAX_CQE, MAX_WR, MAX_RD_ATOMIC, MAX_INLINE, SIGNAL_INTERVAL,
+  /// AUTH_SECRET_FILE, HANDSHAKE_BIND.
   /// transfer_engine::create calls it.
   /// Errors: config_invalid naming the variable (or the file and key).
   [[nodiscard]] status apply_env();
@@ -185,7 +208,12 @@ class transfer_engine {
   /// "*", "segments:<page>:<n0>,..."), and publishes the descriptor.
   /// Errors: invalid_argument, zero_length, bad_location, already_registered,
   /// resource_exhausted / permission_denied (pinning), metadata errors.
-  [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location = "*");
+  /// `access` says what peers may do: remote_read_write (Mooncake's, the
+  /// default), remote_read, remote_write (the MR grants only that, and the
+  /// descriptor says so: a peer's tide refuses other ops at submit, the NIC
+  /// refuses them if forced), local_only (no remote access, not published).
+  [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location = "*",
+                                       buffer_access access = buffer_access::remote_read_write);
   /// With transfers in flight from the buffer: errc::busy naming how many
   /// slices, unless `mode` says to wait for them (in_flight::drain; new
   /// submits from the buffer fail at once) or to cancel them first
@@ -255,6 +283,10 @@ class transfer_engine {
   [[nodiscard]] status send_notify(segment_id target, std::string_view msg);
   /// The notifications received so far (and forgets them).
   [[nodiscard]] std::vector<notify_desc> take_notifies();
+  /// The inbox's counters (what was refused, by which bound).
+  [[nodiscard]] notify_stats notification_stats() const;
+  /// The handshake server's counters (auth_failed: refused strangers).
+  [[nodiscard]] net::handshake_server_stats handshake_stats() const noexcept;
 
   [[nodiscard]] rdma::rdma_transport<P>& transport() noexcept { return *transport_; }
 

@@ -42,6 +42,7 @@ enum class errc : int {
   busy,                     ///< the object is in use (e.g. a segment with transfers in flight)
   frame_too_large,          ///< a handshake frame above the configured bound
   config_invalid,           ///< a config field or environment override is out of range
+  remote_access_denied,     ///< the peer's descriptor does not grant this operation on that buffer
 
   // --- endpoint: one connection to one peer NIC is affected ---
   handshake_failed = 200,   ///< TCP handshake could not be completed (connect/read/write)
@@ -59,6 +60,7 @@ enum class errc : int {
   mtu_mismatch,             ///< the peers cannot agree on a path MTU
   qp_count_mismatch,        ///< the peer has a different number of QPs per endpoint
   retry_exhausted,          ///< a slice failed on every path it was retried on
+  auth_failed,              ///< the peer did not prove the cluster secret (or we have none and it requires one)
 
   // --- device: one HCA (context) is affected ---
   device_not_found = 300,   ///< no such RDMA device

@@ -37,6 +37,7 @@ constexpr errc_text text_of(errc e) noexcept {
     case errc::busy: return {"busy", "the object is in use"};
     case errc::frame_too_large: return {"frame_too_large", "a handshake frame exceeds the size bound"};
     case errc::config_invalid: return {"config_invalid", "a configuration value is out of range"};
+    case errc::remote_access_denied: return {"remote_access_denied", "the peer's buffer does not allow this operation"};
     case errc::handshake_failed: return {"handshake_failed", "the TCP handshake with the peer failed"};
     case errc::handshake_rejected: return {"handshake_rejected", "the peer rejected the handshake"};
     case errc::peer_unreachable: return {"peer_unreachable", "the peer cannot be reached"};
@@ -52,6 +53,7 @@ constexpr errc_text text_of(errc e) noexcept {
     case errc::mtu_mismatch: return {"mtu_mismatch", "the peers cannot agree on a path MTU"};
     case errc::qp_count_mismatch: return {"qp_count_mismatch", "the peer uses a different number of QPs per endpoint"};
     case errc::retry_exhausted: return {"retry_exhausted", "the transfer failed on every path it was retried on"};
+    case errc::auth_failed: return {"auth_failed", "the peer failed the cluster-secret authentication"};
     case errc::device_not_found: return {"device_not_found", "no RDMA device of that name"};
     case errc::no_device: return {"no_device", "no RDMA device on this host"};
     case errc::device_open_failed: return {"device_open_failed", "the RDMA device could not be opened"};

@@ -74,6 +74,9 @@ status each_number(engine_config& c, F&& f) {
   if (auto r = f("rail_cooldown_ms", "", c.rail_cooldown, 1, kMaxMs); !r) return r;
   if (auto r = f("rail_max_cooldown_ms", "", c.rail_max_cooldown, 1, kMaxMs); !r) return r;
   if (auto r = f("etcd_verify_server", "ETCD_VERIFY_SERVER", c.etcd_verify_server, 0, 1); !r) return r;
+  if (auto r = f("notify_max_count", "", c.notify_max_count, 1, 1LL << 32); !r) return r;
+  if (auto r = f("notify_max_bytes", "", c.notify_max_bytes, 1, 1LL << 40); !r) return r;
+  if (auto r = f("notify_rate_per_peer", "", c.notify_rate_per_peer, 0, 1LL << 31); !r) return r;
   return {};
 }
 
@@ -83,7 +86,7 @@ status each_text(engine_config& c, F&& f) {
   if (auto r = f("local_server_name", "", c.local_server_name); !r) return r;
   if (auto r = f("metadata", "", c.metadata); !r) return r;
   if (auto r = f("cluster_id", "METADATA_CLUSTER_ID", c.cluster_id); !r) return r;
-  if (auto r = f("bind_host", "", c.bind_host); !r) return r;
+  if (auto r = f("bind_host", "HANDSHAKE_BIND", c.bind_host); !r) return r;
   if (auto r = f("custom_topology_json", "CUSTOM_TOPO_JSON", c.custom_topology_json); !r) return r;
   if (auto r = f("sysfs_root", "", c.sysfs_root); !r) return r;
   if (auto r = f("etcd_ca_file", "ETCD_CA_FILE", c.etcd_ca_file); !r) return r;
@@ -92,6 +95,7 @@ status each_text(engine_config& c, F&& f) {
   if (auto r = f("etcd_user", "ETCD_USER", c.etcd_user); !r) return r;
   if (auto r = f("etcd_password_file", "ETCD_PASSWORD_FILE", c.etcd_password_file); !r) return r;
   if (auto r = f("metadata_token_file", "METADATA_TOKEN_FILE", c.metadata_token_file); !r) return r;
+  if (auto r = f("auth_secret_file", "AUTH_SECRET_FILE", c.auth_secret_file); !r) return r;
   return {};
 }
 

@@ -148,14 +148,60 @@ class client_session {
 
 }  // namespace
 
+namespace {
+
+// The authenticated exchange of wire/auth.hpp on an open session.
+result<std::string> authenticated_round_trip(client_session& s, message_type type, std::string_view body,
+                                             const request_options& opts) {
+  const wire::cluster_secret& secret = *opts.secret;
+  auto challenge = s.round_trip(encode_frame(message_type::probe, wire::encode_auth_hello()), opts.max_reply,
+                                opts.receive_timeout);
+  if (!challenge) return fail(challenge.error());
+  auto no_auth = [&] {
+    return fail(errc::auth_failed, s.where() + " does not authenticate (it answered tide's hello as a plain " +
+                                       "probe): it has no cluster secret, or is not tide");
+  };
+  if (challenge->legacy || challenge->type != message_type::probe || !wire::is_auth_message(challenge->body))
+    return no_auth();
+  auto ch = wire::decode_auth_message(challenge->body);
+  if (!ch) return fail(errc::auth_failed, s.where() + ": " + ch.error().detail);
+  if (ch->kind != "challenge") return no_auth();
+  auto client_nonce = wire::fresh_nonce();
+  if (!client_nonce) return fail(client_nonce.error());
+  auto request = wire::encode_auth_request(secret, type, ch->nonce, *client_nonce, opts.identity, body);
+  auto reply = s.round_trip(encode_frame(type, request), opts.max_reply, opts.receive_timeout);
+  if (!reply) return fail(reply.error());
+  if (reply->legacy || reply->type != type)
+    return fail(errc::auth_failed, "reply from " + s.where() + " has the wrong type for an authenticated " +
+                                       std::string(to_string(type)) + " request");
+  auto m = wire::decode_auth_message(reply->body);
+  if (!m) return fail(errc::auth_failed, "reply from " + s.where() + ": " + m.error().detail);
+  if (m->kind == "failed" || m->kind == "required")
+    return fail(errc::auth_failed, s.where() + " refused our authentication (a different cluster secret?)");
+  if (m->kind != "reply" || !wire::verify_auth_mac(secret, wire::auth_direction::reply, type, ch->nonce,
+                                                   *client_nonce, opts.identity, *m))
+    return fail(errc::auth_failed, "reply from " + s.where() +
+                                       ": its MAC does not verify (a different cluster secret, or altered in flight)");
+  return std::move(m->body);
+}
+
+}  // namespace
+
 result<std::string> send_request(std::string_view host, std::uint16_t port, message_type type,
                                  std::string_view body, const request_options& opts) {
   if (host.empty()) return fail(errc::invalid_argument, "empty host");
   try {
     client_session s{host, port};
     if (auto ok = s.connect(opts.connect_timeout); !ok) return fail(ok.error());
+    if (opts.secret) return authenticated_round_trip(s, type, body, opts);
     auto reply = s.round_trip(encode_frame(type, body), opts.max_reply, opts.receive_timeout);
     if (!reply) return fail(reply.error());
+    if (wire::is_auth_message(reply->body)) {
+      auto m = wire::decode_auth_message(reply->body);
+      if (m && m->kind == "required")
+        return fail(errc::auth_failed, s.where() + " requires authentication; configure the cluster secret "
+                                                   "(engine_config::auth_secret_file, TIDE_AUTH_SECRET_FILE)");
+    }
     if (reply->legacy || reply->type != type) {
       return fail(errc::protocol_error,
                   "reply from " + s.where() + " has type " +

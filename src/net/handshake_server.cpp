@@ -64,12 +64,13 @@ struct handshake_server::impl {
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> served{0};
   std::atomic<std::uint64_t> dropped{0};
+  std::atomic<std::uint64_t> auth_failed{0};
   std::atomic<bool> stopped{false};
 
   void accept_next();
   void run_io() noexcept;
   // Runs on a pool thread: the reply body, or why to drop the connection.
-  result<std::string> handle(message_type type, const std::string& body);
+  result<std::string> handle(message_type type, const std::string& body, const std::string& identity);
   std::optional<std::string> served_segment();
 };
 
@@ -174,6 +175,7 @@ class connection : public std::enable_shared_from_this<connection> {
       abort();
       return;
     }
+    if (srv_.cfg.secret && !authenticate(f)) return;
     const bool inline_reply =
         type_ == message_type::probe || (type_ == message_type::metadata && !srv_.handlers.local_segment);
     if (inline_reply) {
@@ -190,7 +192,7 @@ class connection : public std::enable_shared_from_this<connection> {
       return;
     }
     asio::post(srv_.pool, [self = shared_from_this(), body = std::move(f.body)]() mutable {
-      auto outcome = self->srv_.handle(self->type_, body);
+      auto outcome = self->srv_.handle(self->type_, body, self->identity_);
       auto& io = self->srv_.io;
       asio::post(io, [self = std::move(self), outcome = std::move(outcome)]() mutable {
         if (self->phase_ != phase::handling) return;  // aborted by stop()
@@ -203,8 +205,76 @@ class connection : public std::enable_shared_from_this<connection> {
     });
   }
 
+  // With a secret: the hello gets a challenge, the request after it must
+  // carry a MAC over both nonces; f.body becomes the inner body.  False when
+  // the connection has been answered (challenge or refusal) instead.
+  bool authenticate(frame& f) {
+    const wire::cluster_secret& secret = *srv_.cfg.secret;
+    if (!challenged_) {
+      if (!f.legacy && f.type == message_type::probe && wire::is_auth_message(f.body)) {
+        auto m = wire::decode_auth_message(f.body);
+        auto n = wire::fresh_nonce();
+        if (m && m->kind == "hello" && n) {
+          challenged_ = true;
+          server_nonce_ = *n;
+          send_challenge(wire::encode_auth_challenge(server_nonce_));
+          return false;
+        }
+      }
+      refuse("required", "a " + std::string(f.legacy ? "legacy" : to_string(f.type)) +
+                             " request without authentication (no cluster secret on the client?)");
+      return false;
+    }
+    auto m = f.legacy ? result<wire::auth_message>(fail(errc::auth_failed, "a legacy frame"))
+                      : wire::decode_auth_message(f.body);
+    if (!m) {
+      refuse("failed", m.error().detail);
+      return false;
+    }
+    if (m->kind != "request") {
+      refuse("failed", "expected an authenticated request, got \"" + m->kind + "\"");
+      return false;
+    }
+    if (!wire::verify_auth_mac(secret, wire::auth_direction::request, f.type, server_nonce_, m->nonce, m->identity,
+                               *m)) {
+      refuse("failed", "the request's MAC does not verify (another secret, an altered body, or a replay)");
+      return false;
+    }
+    authenticated_ = true;
+    client_nonce_ = m->nonce;
+    identity_ = std::move(m->identity);
+    f.body = std::move(m->body);
+    return true;
+  }
+
+  void refuse(std::string_view kind, const std::string& why) {
+    srv_.auth_failed.fetch_add(1, std::memory_order_relaxed);
+    TIDE_LOG_WARN("handshake server " << srv_.where << ": refused " << peer_ << ": " << why);
+    send_reply(wire::encode_auth_refusal(kind));
+  }
+
+  void send_challenge(std::string body) {
+    phase_ = phase::writing;
+    out_ = encode_frame(message_type::probe, body);
+    arm_timer();
+    asio::async_write(sock_, asio::buffer(out_), [self = shared_from_this()](const error_code& ec, std::size_t) {
+      if (self->phase_ != phase::writing) return;
+      if (ec) {
+        self->drop("writing the challenge failed: " + ec.message());
+        return;
+      }
+      // The authenticated request follows on this connection, bounded anew.
+      self->dec_ = frame_decoder(self->srv_.cfg.max_frame);
+      self->phase_ = phase::reading;
+      self->arm_timer();
+      self->read_request();
+    });
+  }
+
   void send_reply(std::string body) {
     phase_ = phase::writing;
+    if (authenticated_)
+      body = wire::encode_auth_reply(*srv_.cfg.secret, type_, server_nonce_, client_nonce_, identity_, body);
     out_ = legacy_ ? encode_legacy_frame(body) : encode_frame(type_, body);
     arm_timer();
     asio::async_write(sock_, asio::buffer(out_), [self = shared_from_this()](const error_code& ec, std::size_t) {
@@ -266,6 +336,12 @@ class connection : public std::enable_shared_from_this<connection> {
   phase phase_ = phase::reading;
   message_type type_ = message_type::connect;
   bool legacy_ = false;
+  // Authentication state (secret set only).
+  bool challenged_ = false;
+  bool authenticated_ = false;
+  wire::auth_nonce server_nonce_{};
+  wire::auth_nonce client_nonce_{};
+  std::string identity_;
 };
 
 }  // namespace
@@ -319,7 +395,8 @@ std::optional<std::string> handshake_server::impl::served_segment() {
   return handlers.local_segment ? handlers.local_segment() : local_segment(port);
 }
 
-result<std::string> handshake_server::impl::handle(message_type type, const std::string& body) {
+result<std::string> handshake_server::impl::handle(message_type type, const std::string& body,
+                                                   const std::string& identity) {
   // Mooncake closes without replying when the body is not JSON.
   if (auto ok = validate_json(body); !ok) {
     return fail(errc::protocol_error,
@@ -332,11 +409,11 @@ result<std::string> handshake_server::impl::handle(message_type type, const std:
         handshake_desc reply;
         if (!peer) {
           reply.reply_msg = "Invalid argument: malformed handshake: " + peer.error().detail;
-        } else if (!handlers.on_connect) {
+        } else if (!handlers.on_connect && !handlers.on_connect_from) {
           reply.reply_msg = "this server does not accept RDMA connections";
         } else {
           try {
-            reply = handlers.on_connect(*peer);
+            reply = handlers.on_connect_from ? handlers.on_connect_from(*peer, identity) : handlers.on_connect(*peer);
           } catch (const std::exception& e) {
             reply = handshake_desc{};
             reply.reply_msg = std::string("internal error: ") + e.what();
@@ -349,6 +426,12 @@ result<std::string> handshake_server::impl::handle(message_type type, const std:
         auto msg = decode_notify(body);
         if (!msg) {
           TIDE_LOG_WARN("handshake server " << where << ": rejecting a notify: " << msg.error().detail);
+        } else if (handlers.on_notify_from) {
+          try {
+            if (handlers.on_notify_from(*msg, identity)) reply.notify_msg = "success";
+          } catch (const std::exception& e) {
+            TIDE_LOG_WARN("handshake server " << where << ": on_notify threw: " << e.what());
+          }
         } else if (handlers.on_notify) {
           try {
             handlers.on_notify(*msg);
@@ -393,7 +476,7 @@ const std::string& handshake_server::host() const noexcept {
 handshake_server_stats handshake_server::stats() const noexcept {
   if (!impl_) return {};
   return {impl_->accepted.load(std::memory_order_relaxed), impl_->served.load(std::memory_order_relaxed),
-          impl_->dropped.load(std::memory_order_relaxed)};
+          impl_->dropped.load(std::memory_order_relaxed), impl_->auth_failed.load(std::memory_order_relaxed)};
 }
 
 void handshake_server::stop() noexcept {

@@ -40,10 +40,13 @@ result<std::string> p2p::get_segment(std::string_view name) {
   opts.connect_timeout = config_.timeout;
   opts.receive_timeout = config_.timeout;
   opts.max_reply = kMaxDescriptor;
+  opts.secret = config_.secret;
+  opts.identity = config_.identity;
   auto json = net::fetch_metadata(ep->host, ep->port, opts);
   if (!json) {
     const error& e = json.error();
-    if (e.code == errc::segment_not_found || e.code == errc::out_of_memory) return fail(e);
+    if (e.code == errc::segment_not_found || e.code == errc::out_of_memory || e.code == errc::auth_failed)
+      return fail(e);
     return fail(errc::metadata_unavailable, std::string(to_string(e.code)) + ": " + e.detail);
   }
   return json;

@@ -52,6 +52,7 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
     rb.addr = b.addr;
     rb.length = b.length;
     rb.rkeys = b.rkey;
+    rb.access = b.access;
     rb.chooser = device_chooser::make(*loc, seg->matrix);
     seg->buffers.push_back(std::move(rb));
     seg->by_addr.push_back(static_cast<std::uint32_t>(i));

@@ -6,9 +6,11 @@
 #include <tide/net/address.hpp>
 #include <tide/net/handshake_client.hpp>
 #include <tide/net/handshake_server.hpp>
+#include <tide/wire/auth.hpp>
 
 #include <atomic>
 #include <map>
+#include <type_traits>
 #include <optional>
 
 namespace tide {
@@ -19,8 +21,9 @@ struct transfer_engine<P>::impl {
   std::atomic<rdma::rdma_transport<P>*> transport{nullptr};
   std::mutex desc_mu;
   std::string desc_json;
-  std::mutex notify_mu;
-  std::deque<notify_desc> notifies;
+  explicit impl(notify_limits limits) : inbox(limits) {}
+  detail::notify_inbox inbox;
+  std::shared_ptr<const wire::cluster_secret> secret;  ///< null: no authentication
   std::string rpc_meta_key;  ///< published (etcd/http mode); "" = nothing to withdraw
   /// Peers' handshake addresses read from their rpc_meta entries (etcd/http
   /// mode), by server name; dropped with a segment refresh or a failed
@@ -36,7 +39,10 @@ struct transfer_engine<P>::impl {
 
 
 template <class P>
-transfer_engine<P>::transfer_engine(engine_config cfg) : cfg_(std::move(cfg)), impl_(std::make_unique<impl>()) {}
+transfer_engine<P>::transfer_engine(engine_config cfg)
+    : cfg_(std::move(cfg)),
+      impl_(std::make_unique<impl>(
+          notify_limits{cfg_.notify_max_count, cfg_.notify_max_bytes, cfg_.notify_rate_per_peer})) {}
 
 template <class P>
 transfer_engine<P>::~transfer_engine() {
@@ -65,25 +71,34 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   std::unique_ptr<transfer_engine> e(new transfer_engine(std::move(cfg)));
   impl* im = e->impl_.get();
 
+  if (!e->cfg_.auth_secret_file.empty()) {
+    auto secret = wire::cluster_secret::load(e->cfg_.auth_secret_file);
+    if (!secret) return fail(secret.error());
+    im->secret = std::move(*secret);
+  }
+  if (e->cfg_.notify_max_count == 0 || e->cfg_.notify_max_bytes == 0)
+    return fail(errc::config_invalid, "notify_max_count and notify_max_bytes must be > 0");
+
   net::handshake_server_config sc;
   sc.host = e->cfg_.bind_host;
+  sc.secret = im->secret;
   sc.port = e->cfg_.handshake_port;
   if (sc.port == 0) {
     sc.port_range_min = 15000;
     sc.port_range_max = 17000;
   }
   net::handshake_handlers hh;
-  hh.on_connect = [im](const handshake_desc& req) {
-    if (auto* t = im->transport.load(std::memory_order_acquire)) return t->on_connect(req);
+  hh.on_connect_from = [im](const handshake_desc& req, std::string_view peer_identity) {
+    if (auto* t = im->transport.load(std::memory_order_acquire)) return t->on_connect(req, peer_identity);
     handshake_desc r;
     r.local_nic_path = req.peer_nic_path;
     r.peer_nic_path = req.local_nic_path;
     r.reply_msg = "engine is not ready";
     return r;
   };
-  hh.on_notify = [im](const notify_desc& n) {
-    std::lock_guard lock(im->notify_mu);
-    im->notifies.push_back(n);
+  hh.on_notify_from = [im](const notify_desc& n, std::string_view peer_identity) {
+    // Rate-limit by who proved itself when authenticated, else by the name claimed.
+    return im->inbox.push(n, peer_identity.empty() ? std::string_view(n.name) : peer_identity);
   };
   hh.local_segment = [im]() -> std::optional<std::string> {
     std::lock_guard lock(im->desc_mu);
@@ -116,11 +131,15 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   mc.etcd_user = e->cfg_.etcd_user;
   mc.etcd_password_file = e->cfg_.etcd_password_file;
   mc.token_file = e->cfg_.metadata_token_file;
+  mc.secret = im->secret;
+  mc.identity = e->name_;
   e->cache_ = std::make_unique<segment_cache<metadata_backend_type>>(mc);
 
   net::request_options ro;
   ro.connect_timeout = e->cfg_.handshake_connect_timeout;
   ro.receive_timeout = e->cfg_.handshake_timeout;
+  ro.secret = im->secret;
+  ro.identity = e->name_;
   transfer_engine* self = e.get();
   rdma::handshake_sender send = [ro, self, im](std::string_view peer_nic_path,
                                                const handshake_desc& d) -> result<handshake_desc> {
@@ -201,6 +220,20 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
 
 template <class P>
 result<gid_bytes> transfer_engine<P>::peer_gid(std::string_view segment, std::string_view device) {
+  // In p2p mode opening a segment dials the host its name holds, and this
+  // name comes from a request off the network: only a segment already open
+  // here may answer (review finding 10).  The other backends read the
+  // configured store.
+  if constexpr (std::is_same_v<metadata_backend_type, policy::p2p>) {
+    auto d = cache_->cached(segment);
+    if (!d)
+      return fail(errc::segment_not_found, "segment " + std::string(segment) +
+                                               " is not open here (p2p mode looks a missing GID up only in open segments)");
+    for (const auto& dev : (*d)->devices)
+      if (dev.name == device) return dev.gid;
+    return fail(errc::device_not_found,
+                std::string(segment) + "@" + std::string(device) + " not found in segment " + std::string(segment));
+  }
   auto id = cache_->open(segment);
   if (!id) return fail(id.error().code, "cannot read segment " + std::string(segment) + ": " + id.error().detail);
   auto find = [&](const segment_desc& d) -> std::optional<gid_bytes> {
@@ -223,15 +256,18 @@ result<gid_bytes> transfer_engine<P>::peer_gid(std::string_view segment, std::st
 template <class P>
 status transfer_engine<P>::publish(const segment_desc& d) {
   {
+    auto json = encode_segment(d, impl_->secret.get());
+    if (!json) return fail(json.error());
     std::lock_guard lock(impl_->desc_mu);
-    impl_->desc_json = encode_segment(d);
+    impl_->desc_json = std::move(*json);
   }
   return cache_->publish(d);
 }
 
 template <class P>
-status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::string_view location) {
-  return transport_->register_memory(addr, len, location, true);
+status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::string_view location,
+                                           buffer_access access) {
+  return transport_->register_memory(addr, len, location, true, access);
 }
 
 template <class P>
@@ -299,15 +335,24 @@ status transfer_engine<P>::send_notify(segment_id target, std::string_view msg) 
   net::request_options ro;
   ro.connect_timeout = cfg_.handshake_connect_timeout;
   ro.receive_timeout = cfg_.handshake_timeout;
+  ro.secret = impl_->secret;
+  ro.identity = name_;
   return net::send_notify(addr->host, addr->port, notify_desc{name_, std::string(msg)}, ro);
 }
 
 template <class P>
 std::vector<notify_desc> transfer_engine<P>::take_notifies() {
-  std::lock_guard lock(impl_->notify_mu);
-  std::vector<notify_desc> out(impl_->notifies.begin(), impl_->notifies.end());
-  impl_->notifies.clear();
-  return out;
+  return impl_->inbox.take();
+}
+
+template <class P>
+notify_stats transfer_engine<P>::notification_stats() const {
+  return impl_->inbox.stats();
+}
+
+template <class P>
+net::handshake_server_stats transfer_engine<P>::handshake_stats() const noexcept {
+  return impl_->server ? impl_->server->stats() : net::handshake_server_stats{};
 }
 
 }  // namespace tide

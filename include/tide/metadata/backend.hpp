@@ -10,10 +10,15 @@
 
 #include <chrono>
 #include <concepts>
+#include <memory>
 #include <string>
 #include <string_view>
 
 namespace tide {
+
+namespace wire {
+class cluster_secret;
+}
 
 /// How to reach the metadata store; one struct for every backend.
 struct metadata_config {
@@ -40,6 +45,11 @@ struct metadata_config {
   /// policy::http: a file holding the bearer token tide-metadata-server
   /// requires for PUT and DELETE (its --token-file).
   std::string token_file;
+  /// The cluster secret (wire/auth.hpp); backends that speak the handshake
+  /// protocol (p2p) authenticate with it.  Null = none.
+  std::shared_ptr<const wire::cluster_secret> secret;
+  /// This process's segment name, bound into authenticated requests.
+  std::string identity;
 };
 
 /// Requires: B is constructible from a metadata_config (a bad connection

@@ -24,9 +24,14 @@
 ///
 /// Thread safety: every member may be called from several threads at once;
 /// backend round trips happen outside the lock.
+///
+/// Sealing: with config.secret set, publish() seals every buffer's addr and
+/// keys (wire/seal.hpp) and fetches open them; a fetched descriptor that is
+/// unsealed, fails to open, or names another segment than the one asked for
+/// is errc::metadata_malformed naming the field.
 
 #include <tide/metadata/backend.hpp>
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 
 #include <cstdint>
 #include <map>
@@ -56,7 +61,7 @@ class segment_cache {
   using backend_type = Backend;
 
   /// Constructs the backend from `config`; no I/O.
-  explicit segment_cache(const metadata_config& config) : backend_(config) {}
+  explicit segment_cache(const metadata_config& config) : backend_(config), seal_(config.secret) {}
   segment_cache(const segment_cache&) = delete;
   segment_cache& operator=(const segment_cache&) = delete;
 
@@ -70,7 +75,9 @@ class segment_cache {
     if (auto ok = validate_segment(local); !ok) return ok;
     segment_desc stamped = local;
     stamped.timestamp = current_timestamp();
-    return backend_.put_segment(stamped.name, encode_segment(stamped));
+    auto json = encode_segment(stamped, seal_.get());
+    if (!json) return fail(json.error());
+    return backend_.put_segment(stamped.name, *json);
   }
 
   /// Removes the descriptor stored under `name`.  Errors: the backend's.
@@ -161,6 +168,16 @@ class segment_cache {
                                          " (after a refresh)");
   }
 
+  /// The descriptor of `name` if it is open now; no I/O ever (the lookup a
+  /// request from the network may trigger: it must not make this process
+  /// dial a host that request named).  Errors: errc::segment_not_found.
+  [[nodiscard]] result<std::shared_ptr<const segment_desc>> cached(std::string_view name) const {
+    std::shared_lock lock{mu_};
+    if (auto it = ids_.find(name); it != ids_.end())
+      if (auto e = open_.find(it->second); e != open_.end()) return e->second.desc;
+    return fail(errc::segment_not_found, "segment " + std::string(name) + " is not open here");
+  }
+
   /// Segments open now.
   [[nodiscard]] std::size_t open_count() const {
     std::shared_lock lock{mu_};
@@ -177,13 +194,19 @@ class segment_cache {
   result<std::shared_ptr<const segment_desc>> fetch(std::string_view name) {
     auto json = backend_.get_segment(name);
     if (!json) return fail(json.error());
-    auto desc = decode_segment(*json);
+    auto desc = decode_segment(*json, seal_.get());
     if (!desc) return fail(desc.error().code, "segment " + std::string(name) + ": " + desc.error().detail);
+    // Sealed blobs are bound to the descriptor's own name; this binds that
+    // name to the one asked for (a copy of B's descriptor stored under A's key).
+    if (seal_ && desc->name != name)
+      return fail(errc::metadata_malformed, "segment " + std::string(name) + ": name: the descriptor is \"" +
+                                                desc->name + "\"'s");
     return std::make_shared<const segment_desc>(std::move(*desc));
   }
 
   mutable std::shared_mutex mu_;
   Backend backend_;
+  std::shared_ptr<const wire::cluster_secret> seal_;
   std::map<std::string, segment_id, std::less<>> ids_;  // every name ever opened
   std::unordered_map<segment_id, entry> open_;
   segment_id next_id_ = 1;

@@ -1,42 +1,15 @@
 #pragma once
-/// Names on the handshake network, as Mooncake spells them
-/// (research/mooncake-wire.md §4):
-///   segment / server name  "host:port", IPv6 as "[addr]:port"; no port = 12001
-///   NIC path               "<server name>@<device>", split at the first '@'
-/// Pure string functions; thread-safe.
+/// Forwarding header: handshake names live in the wire layer
+/// (tide/wire/address.hpp).  The names stay usable as tide::net::*.
 
-#include <tide/result.hpp>
-
-#include <cstdint>
-#include <string>
-#include <string_view>
+#include <tide/wire/address.hpp>
 
 namespace tide::net {
-
-/// Mooncake's MC_HANDSHAKE_PORT default, used when a name carries no port.
-inline constexpr std::uint16_t kDefaultHandshakePort = 12001;
-
-struct peer_address {
-  std::string host;  ///< without brackets
-  std::uint16_t port = kDefaultHandshakePort;
-  friend bool operator==(const peer_address&, const peer_address&) = default;
-};
-
-/// "host:port", "[v6]:port", "host", "[v6]" or a bare IPv6 literal (no port).
-/// Errors: errc::invalid_argument (empty host, port not 1..65535, junk after ']').
-[[nodiscard]] result<peer_address> parse_peer_address(std::string_view name,
-                                                      std::uint16_t default_port = kDefaultHandshakePort);
-/// "host:port", with brackets around a host that contains ':'.
-[[nodiscard]] std::string format_peer_address(std::string_view host, std::uint16_t port);
-
-/// "<server>@<device>".
-[[nodiscard]] std::string make_nic_path(std::string_view server, std::string_view device);
-struct nic_path {
-  std::string server;
-  std::string device;
-};
-/// Splits at the first '@'.  Errors: errc::invalid_argument when there is no
-/// '@' or either side is empty.
-[[nodiscard]] result<nic_path> split_nic_path(std::string_view path);
-
+using wire::format_peer_address;
+using wire::kDefaultHandshakePort;
+using wire::make_nic_path;
+using wire::nic_path;
+using wire::parse_peer_address;
+using wire::peer_address;
+using wire::split_nic_path;
 }  // namespace tide::net

@@ -16,14 +16,19 @@
 /// errc::protocol_error (reply not a frame, or of another type than the
 /// request), errc::frame_too_large (reply above opts.max_reply); typed helpers
 /// add errc::metadata_malformed (reply JSON) and errc::handshake_rejected.
+/// errc::auth_failed: with opts.secret, the peer does not authenticate, its
+/// reply's MAC does not verify, or it refused ours; without, the peer
+/// requires a secret.  (wire/auth.hpp describes the exchange.)
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/net/frame.hpp>
 #include <tide/result.hpp>
+#include <tide/wire/auth.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -38,6 +43,11 @@ struct request_options {
   std::chrono::milliseconds receive_timeout{30000};
   /// Largest reply length field accepted (raise it for big Metadata replies).
   std::size_t max_reply = kDefaultMaxFrame;
+  /// The cluster secret: authenticate the exchange (wire/auth.hpp).  Null =
+  /// Mooncake's plain wire.
+  std::shared_ptr<const wire::cluster_secret> secret;
+  /// Who we are, bound into the MAC (the engine's segment name).
+  std::string identity;
 };
 
 /// Sends one typed frame and returns the body of the reply, which must carry

@@ -26,11 +26,19 @@
 /// concurrently with each other.  Memory: at most max_connections connections,
 /// each buffering at most max_frame bytes of request.
 ///
+/// Authentication: with config.secret set, every exchange must follow the
+/// hello / challenge / request / reply sequence of wire/auth.hpp; anything
+/// else is answered {"tide_auth":"required"} or {"tide_auth":"failed"},
+/// counted in stats().auth_failed, logged without secret material, and
+/// reaches no handler: no descriptor, no QP, no notification.  The
+/// handlers' *_from variants receive the identity the peer's MAC bound.
+///
 /// Asio lives in src/net/handshake_server.cpp only (pimpl).
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/net/frame.hpp>
 #include <tide/result.hpp>
+#include <tide/wire/auth.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -39,6 +47,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace tide::net {
 
@@ -61,6 +70,8 @@ struct handshake_server_config {
   std::size_t max_connections = 256;
   /// Worker threads for on_connect / on_notify / local_segment.
   unsigned handler_threads = 2;
+  /// The cluster secret; null = Mooncake's unauthenticated wire.
+  std::shared_ptr<const wire::cluster_secret> secret;
 };
 
 struct handshake_handlers {
@@ -73,6 +84,12 @@ struct handshake_handlers {
   /// The descriptor JSON to serve to Metadata requests, nullopt = none.
   /// Unset: local_segment(port()) from the registry (local_segments.hpp).
   std::function<std::optional<std::string>()> local_segment;
+  /// Preferred over on_connect when set: also gets the peer's authenticated
+  /// identity ("" when the server has no secret).
+  std::function<handshake_desc(const handshake_desc&, std::string_view peer_identity)> on_connect_from;
+  /// Preferred over on_notify when set; returns whether the message was taken
+  /// (false: the sender is told it was not, as when no handler is set).
+  std::function<bool(const notify_desc&, std::string_view peer_identity)> on_notify_from;
 };
 
 /// Counters since start; read with relaxed loads (monotonic, not a snapshot).
@@ -80,6 +97,7 @@ struct handshake_server_stats {
   std::uint64_t accepted = 0;  ///< connections accepted
   std::uint64_t served = 0;    ///< requests answered
   std::uint64_t dropped = 0;   ///< connections dropped for bad input, timeout or overload
+  std::uint64_t auth_failed = 0;  ///< requests refused by authentication (secret set)
 };
 
 class handshake_server {

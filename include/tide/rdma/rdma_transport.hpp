@@ -40,6 +40,7 @@
 #include <shared_mutex>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace tide::rdma {
@@ -93,8 +94,11 @@ class rdma_transport {
   /// Registers [addr, addr+len) on every context with location tag
   /// `location` and publishes the descriptor when `publish`.  Errors:
   /// invalid_argument (null), zero_length, bad_location, already_registered,
-  /// verbs errors (resource_exhausted, permission_denied).
-  [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location, bool publish = true);
+  /// verbs errors (resource_exhausted, permission_denied).  `access` sets
+  /// the MRs' remote flags and the descriptor's "access"; local_only
+  /// buffers are left out of the descriptor.
+  [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location, bool publish = true,
+                                       buffer_access access = buffer_access::remote_read_write);
   /// With transfers in flight from the buffer: errc::busy naming how many
   /// slices, unless `mode` is drain (new submits from it fail at once; waits
   /// for the slices, at most transfer_timeout + 10 s) or cancel (cancels
@@ -140,8 +144,11 @@ class rdma_transport {
   /// the NIC it targets.  A request without a GID gets it from the requester's
   /// segment (peer_gid_fn), as Mooncake's passive side does; blocks for
   /// that metadata round trip (two when the device is missing: one forced
-  /// refresh).  Handshake-service threads.
-  [[nodiscard]] handshake_desc on_connect(const handshake_desc& req);
+  /// refresh).  Handshake-service threads.  `peer_identity` is what the
+  /// peer authenticated as ("" without a cluster secret); once an endpoint
+  /// path has been accepted from one identity, connects for that path from
+  /// another are rejected (a re-handshake cannot re-target it).
+  [[nodiscard]] handshake_desc on_connect(const handshake_desc& req, std::string_view peer_identity = {});
   [[nodiscard]] std::size_t context_count() const noexcept { return contexts_.size(); }
   [[nodiscard]] context_type& context(std::size_t i) noexcept { return *contexts_[i]; }
   [[nodiscard]] const topology::priority_matrix& local_matrix() const noexcept { return matrix_; }
@@ -225,6 +232,9 @@ class rdma_transport {
   /// transport lives (slices point at them); a replaced one stays in rail_map_store_.
   std::vector<const plan::rail_map*> rail_maps_;
   std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
+
+  std::mutex identity_mu_;
+  std::unordered_map<std::string, std::string> peer_identity_;  ///< endpoint path -> authenticated peer
 };
 
 }  // namespace tide::rdma

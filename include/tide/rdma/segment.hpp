@@ -4,7 +4,7 @@
 /// address lookup, NIC paths, device choice through the peer's priority
 /// matrix).  Built on the setup path; read on the hot path without locks.
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 #include <tide/result.hpp>
 #include <tide/topology/location.hpp>
 #include <tide/topology/priority_matrix.hpp>
@@ -34,12 +34,22 @@ struct device_chooser {
   static device_chooser make(const topology::location& loc, const topology::priority_matrix& m);
 };
 
+/// The MR access flags for `a`: local write always; REMOTE_READ/WRITE as
+/// granted; never REMOTE_ATOMIC.
+[[nodiscard]] constexpr int mr_access(buffer_access a) noexcept {
+  int f = IBV_ACCESS_LOCAL_WRITE;
+  if (allows_read(a)) f |= IBV_ACCESS_REMOTE_READ;
+  if (allows_write(a)) f |= IBV_ACCESS_REMOTE_WRITE;
+  return f;
+}
+
 struct local_buffer {
   /// Stable id, published as the descriptor's buffers[].id: assigned at
   /// registration from a per-transport counter, never reused.
   std::uint32_t id = 0;
   std::uint64_t addr = 0;
   std::uint64_t length = 0;
+  buffer_access access = buffer_access::remote_read_write;
   std::string location_text;
   device_chooser chooser;
   std::vector<verbs::memory_region> mrs;  ///< one per context, in device-id order
@@ -56,6 +66,7 @@ struct remote_buffer {
   std::uint64_t addr = 0;
   std::uint64_t length = 0;
   std::vector<std::uint32_t> rkeys;  ///< per device, devices[] order
+  buffer_access access = buffer_access::remote_read_write;  ///< what the owner grants (its descriptor)
   device_chooser chooser;            ///< yields matrix ids; map with remote_segment::to_desc
 };
 

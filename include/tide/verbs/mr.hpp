@@ -11,7 +11,9 @@
 
 namespace tide::verbs {
 
-/// The access flags a transfer buffer needs: local write plus remote read/write.
+/// The access flags a transfer buffer needs: local write plus remote
+/// read/write (no REMOTE_ATOMIC).  rdma/segment.hpp's mr_access() narrows
+/// them per buffer.
 inline constexpr int kDefaultAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
 
 /// A registered memory region (ibv_mr). Move-only; deregistered in the

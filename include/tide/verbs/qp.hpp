@@ -79,10 +79,10 @@ class queue_pair {
   [[nodiscard]] const qp_caps& caps() const noexcept { return caps_; }
 
   /// RESET -> INIT on `port` with `access` (default local write, remote
-  /// read/write/atomic, as Mooncake). Errors: qp_state_error (detail: errno text).
+  /// read/write; Mooncake also grants REMOTE_ATOMIC, which nothing in tide
+  /// uses, so tide does not). Errors: qp_state_error (detail: errno text).
   [[nodiscard]] status to_init(std::uint8_t port,
-                               int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-                                            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC,
+                               int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE,
                                std::uint16_t pkey_index = 0);
   /// INIT -> RTR towards `peer` (GRH with hop limit, rq_psn, min_rnr_timer,
   /// max_dest_rd_atomic from `params`). Errors: invalid_argument (zero GID,

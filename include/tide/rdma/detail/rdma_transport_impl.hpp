@@ -96,7 +96,8 @@ rdma_transport<P>::~rdma_transport() {
 // ---------------------------------------------------------------- memory
 
 template <class P>
-status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::string_view location, bool do_publish) {
+status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::string_view location, bool do_publish,
+                                          buffer_access access) {
   if (addr == nullptr) return fail(errc::invalid_argument, "register_memory: null address");
   if (len == 0) return fail(errc::zero_length, "register_memory: length 0");
   auto loc = topology::location::parse(location);
@@ -105,9 +106,10 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
   b->addr = reinterpret_cast<std::uint64_t>(addr);
   b->length = len;
   b->location_text = std::string(location);
+  b->access = access;
   b->chooser = device_chooser::make(*loc, matrix_);
   for (auto& c : contexts_) {
-    auto mr = c->register_memory(addr, len);
+    auto mr = verbs::memory_region::register_memory(c->pd(), addr, len, mr_access(access));
     if (!mr) return fail(mr.error());
     b->lkeys.push_back(mr->lkey());
     b->mrs.push_back(std::move(*mr));
@@ -222,8 +224,10 @@ segment_desc rdma_transport<P>::local_segment() const {
   for (const auto& b : local_) by_id.push_back(b.get());
   std::sort(by_id.begin(), by_id.end(), [](const local_buffer* x, const local_buffer* y) { return x->id < y->id; });
   for (const local_buffer* b : by_id) {
+    if (b->access == buffer_access::local_only) continue;  // never published
     buffer_desc bd;
     bd.id = b->id;
+    bd.access = b->access;
     bd.name = b->location_text;
     bd.addr = b->addr;
     bd.length = b->length;
@@ -383,11 +387,20 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
                                                " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
         res[i].peer_buffer = idx;
         res[i].remote_addr = pb.addr + r.target_offset;
+      } else {
+        res[i].peer_buffer = seg.find(r.target_offset, r.length);
+        res[i].remote_addr = r.target_offset;
+      }
+      if (res[i].peer_buffer >= 0) {
+        // What the owner's descriptor grants; the NIC enforces the same through its MR.
+        const buffer_access a = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].access;
+        if (!(r.op == transfer_op::write ? allows_write(a) : allows_read(a))) [[unlikely]]
+          return fail(errc::remote_access_denied,
+                      where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
+                          std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
+                          std::string(to_string(a)) + " only");
         break;
       }
-      res[i].peer_buffer = seg.find(r.target_offset, r.length);
-      res[i].remote_addr = r.target_offset;
-      if (res[i].peer_buffer >= 0) break;
       // The seeds' forced refresh: the peer may have registered more memory since.
       if (attempt == 0 && refresh_ && refresh_(r.target)) continue;
       return fail(errc::out_of_bounds, where() + "[" + std::to_string(r.target_offset) + ", +" + std::to_string(r.length) +

@@ -6,7 +6,7 @@
 namespace tide::rdma {
 
 template <class P>
-handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req) {
+handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::string_view peer_identity) {
   const auto at = req.peer_nic_path.find('@');
   const std::string_view nic = at == std::string::npos ? std::string_view{} : std::string_view(req.peer_nic_path).substr(at + 1);
   auto reject = [&](std::string why) {
@@ -16,6 +16,14 @@ handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req) {
     r.reply_msg = std::move(why);
     return r;
   };
+  // Identity binding (cluster secret set): the first authenticated peer to
+  // connect an endpoint path owns it; another identity may not re-handshake it.
+  if (!peer_identity.empty()) {
+    std::lock_guard lock(identity_mu_);
+    auto [it, fresh] = peer_identity_.try_emplace(req.local_nic_path, peer_identity);
+    if (!fresh && it->second != peer_identity)
+      return reject("Invalid argument: endpoint " + req.local_nic_path + " belongs to another authenticated peer");
+  }
   for (auto& c : contexts_) {
     if (c->name() != nic) continue;
     // A ready ack carries no GID the passive side needs; only connects do.

@@ -1,10 +1,10 @@
-#include <tide/net/frame.hpp>
+#include <tide/wire/frame.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 
-namespace tide::net {
+namespace tide::wire {
 
 std::string_view to_string(message_type t) noexcept {
   switch (t) {
@@ -128,4 +128,4 @@ result<frame> decode_frame(std::string_view bytes, std::size_t max_payload) {
   return dec.take();
 }
 
-}  // namespace tide::net
+}  // namespace tide::wire

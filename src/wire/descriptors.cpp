@@ -1,9 +1,11 @@
 // JSON codecs for the Mooncake-compatible descriptors (the only TU of the
 // metadata layer that parses descriptor JSON; nlohmann stays out of headers).
 
-#include <tide/metadata/descriptors.hpp>
+#include <tide/wire/descriptors.hpp>
 
 #include "json_util.hpp"
+
+#include <tide/wire/seal.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -147,6 +149,16 @@ status validate_segment(const segment_desc& d) {
 
 // ---------------------------------------------------------------- segment
 
+std::string_view to_string(buffer_access a) noexcept {
+  switch (a) {
+    case buffer_access::local_only: return "local_only";
+    case buffer_access::remote_read: return "remote_read";
+    case buffer_access::remote_write: return "remote_write";
+    case buffer_access::remote_read_write: return "remote_read_write";
+  }
+  return "unknown";
+}
+
 namespace {
 
 json keys_json(const std::vector<std::uint32_t>& keys) {
@@ -215,13 +227,37 @@ result<device_desc> read_device(const json& v, const std::string& field) {
   return d;
 }
 
-result<buffer_desc> read_buffer(const json& v, const std::string& field) {
+result<buffer_access> read_access(json_field& f, const std::string& field) {
+  if (!f.find("access")) return buffer_access::remote_read_write;
+  std::string text;
+  TIDE_TRY_ASSIGN(text, f.string("access"));
+  for (auto a : {buffer_access::remote_read, buffer_access::remote_write, buffer_access::remote_read_write})
+    if (text == to_string(a)) return a;
+  return malformed(field + ".access", "expected \"remote_read\", \"remote_write\" or \"remote_read_write\", got \"" +
+                                          text.substr(0, 64) + "\"");
+}
+
+result<buffer_desc> read_buffer(const json& v, const std::string& field, std::string_view segment,
+                                std::size_t index, const wire::cluster_secret* seal) {
   if (!v.is_object()) return detail::wrong_type(v, field, "an object");
   buffer_desc b;
   json_field f{v, field};
   TIDE_TRY_ASSIGN(b.name, f.string("name"));
-  TIDE_TRY_ASSIGN(b.addr, f.unsigned_int("addr", UINT64_MAX));
   TIDE_TRY_ASSIGN(b.length, f.unsigned_int("length", UINT64_MAX));
+  TIDE_TRY_ASSIGN(b.access, read_access(f, field));
+  if (f.find("sealed")) {
+    std::string sealed;
+    TIDE_TRY_ASSIGN(sealed, f.string("sealed"));
+    if (seal == nullptr)
+      return malformed(field + ".sealed", "the descriptor is sealed with a cluster secret; configure "
+                                          "auth_secret_file (TIDE_AUTH_SECRET_FILE) to open it");
+    if (auto ok = wire::open_buffer(*seal, segment, index, sealed, b); !ok) return tl::unexpected(std::move(ok.error()));
+    return b;
+  }
+  if (seal != nullptr)
+    return malformed(field, "not sealed, but a cluster secret is configured: an unsealed descriptor is "
+                            "unauthenticated (anyone who can write the metadata store may have put it there)");
+  TIDE_TRY_ASSIGN(b.addr, f.unsigned_int("addr", UINT64_MAX));
   // Buffers of non-RDMA protocols carry no keys; absent means none.
   if (const json* k = f.find("rkey")) TIDE_TRY_ASSIGN(b.rkey, read_u32_array(*k, field + ".rkey"));
   if (const json* k = f.find("lkey")) TIDE_TRY_ASSIGN(b.lkey, read_u32_array(*k, field + ".lkey"));
@@ -254,7 +290,9 @@ result<priority_matrix> read_priority(const json& v, const std::string& field) {
 
 }  // namespace
 
-std::string encode_segment(const segment_desc& d) {
+std::string encode_segment(const segment_desc& d) { return *encode_segment(d, nullptr); }
+
+result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal) {
   json j = json::object();
   j["name"] = d.name;
   j["protocol"] = d.protocol;
@@ -268,13 +306,21 @@ std::string encode_segment(const segment_desc& d) {
   }
   j["devices"] = std::move(devices);
   json buffers = json::array();
-  for (const auto& b : d.buffers) {
-    buffers.push_back({{"name", b.name},
-                       {"addr", b.addr},
-                       {"length", b.length},
-                       {"rkey", keys_json(b.rkey)},
-                       {"lkey", keys_json(b.lkey)}});
-    if (b.id) buffers.back()["id"] = *b.id;
+  for (std::size_t i = 0; i < d.buffers.size(); ++i) {
+    const auto& b = d.buffers[i];
+    json e = {{"name", b.name}, {"length", b.length}};
+    if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
+    if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
+    if (seal != nullptr) {
+      auto sealed = wire::seal_buffer(*seal, d.name, i, b);
+      if (!sealed) return tl::unexpected(std::move(sealed.error()));
+      e["sealed"] = std::move(*sealed);
+    } else {
+      e["addr"] = b.addr;
+      e["rkey"] = keys_json(b.rkey);
+      e["lkey"] = keys_json(b.lkey);
+    }
+    buffers.push_back(std::move(e));
   }
   j["buffers"] = std::move(buffers);
   json pm = json::object();
@@ -285,7 +331,9 @@ std::string encode_segment(const segment_desc& d) {
   return dump_line(j);
 }
 
-result<segment_desc> decode_segment(std::string_view text) try {
+result<segment_desc> decode_segment(std::string_view text) { return decode_segment(text, nullptr); }
+
+result<segment_desc> decode_segment(std::string_view text, const wire::cluster_secret* seal) try {
   json root;
   TIDE_TRY_ASSIGN(root, detail::parse_object(text));
   segment_desc d;
@@ -327,7 +375,7 @@ result<segment_desc> decode_segment(std::string_view text) try {
   if (!buffers->is_array()) return detail::wrong_type(*buffers, "buffers", "an array");
   for (std::size_t i = 0; i < buffers->size(); ++i) {
     buffer_desc b;
-    TIDE_TRY_ASSIGN(b, read_buffer((*buffers)[i], "buffers[" + std::to_string(i) + "]"));
+    TIDE_TRY_ASSIGN(b, read_buffer((*buffers)[i], "buffers[" + std::to_string(i) + "]", d.name, i, seal));
     d.buffers.push_back(std::move(b));
   }
   const json* pm = rdma ? nullptr : f.find("priority_matrix");

@@ -1,8 +1,8 @@
-#include <tide/net/address.hpp>
+#include <tide/wire/address.hpp>
 
 #include <charconv>
 
-namespace tide::net {
+namespace tide::wire {
 
 namespace {
 
@@ -85,4 +85,4 @@ result<nic_path> split_nic_path(std::string_view path) {
   return nic_path{std::string(path.substr(0, at)), std::string(path.substr(at + 1))};
 }
 
-}  // namespace tide::net
+}  // namespace tide::wire

@@ -1,0 +1,129 @@
+#pragma once
+// The engine's notification inbox: what the handshake server's notify
+// handler fills and take_notifies() drains, bounded so that a flood from the
+// network costs a bounded amount of memory (review finding 11).
+//
+// Bounds: at most max_count messages and max_bytes of name + text queued;
+// per sender (its authenticated identity, else the name it claims) at most
+// rate_per_sec messages a second with a burst of as many (a token bucket).
+// A message over a bound is refused (the sender is told it was not taken)
+// and counted by reason.  The per-sender table holds at most kMaxSenders
+// entries; past that it starts over (the rate bound then restarts for all,
+// the count and byte bounds still hold).
+//
+// Thread safety: every member takes the one mutex; push runs on handshake
+// handler threads, take and stats on user threads.
+
+#include <tide/wire/descriptors.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <iterator>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace tide {
+
+/// Bounds of the inbox (engine_config fields of the same names).
+struct notify_limits {
+  std::size_t max_count = 4096;
+  std::size_t max_bytes = std::size_t{4} << 20;
+  /// Per sender and second; 0 = no rate bound.
+  std::uint32_t rate_per_sec = 1000;
+};
+
+/// Counters since the engine started.
+struct notify_stats {
+  std::uint64_t accepted = 0;
+  std::uint64_t dropped_count = 0;  ///< refused: max_count messages already queued
+  std::uint64_t dropped_bytes = 0;  ///< refused: max_bytes would be exceeded
+  std::uint64_t dropped_rate = 0;   ///< refused: the sender passed rate_per_sec
+  std::size_t queued = 0;           ///< messages waiting for take_notifies()
+  std::size_t queued_bytes = 0;
+};
+
+namespace detail {
+
+class notify_inbox {
+ public:
+  static constexpr std::size_t kMaxSenders = 4096;
+  using clock = std::chrono::steady_clock;
+
+  explicit notify_inbox(notify_limits limits = {}) : limits_(limits) {}
+
+  /// Queues `n` unless a bound refuses it; returns whether it was queued.
+  bool push(const notify_desc& n, std::string_view sender) {
+    const std::size_t size = n.name.size() + n.notify_msg.size();
+    std::lock_guard lock(mu_);
+    if (limits_.rate_per_sec != 0 && !take_token(sender)) {
+      ++stats_.dropped_rate;
+      return false;
+    }
+    if (q_.size() >= limits_.max_count) {
+      ++stats_.dropped_count;
+      return false;
+    }
+    if (size > limits_.max_bytes - bytes_) {
+      ++stats_.dropped_bytes;
+      return false;
+    }
+    q_.push_back(n);
+    bytes_ += size;
+    ++stats_.accepted;
+    return true;
+  }
+
+  std::vector<notify_desc> take() {
+    std::lock_guard lock(mu_);
+    std::vector<notify_desc> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
+    q_.clear();
+    bytes_ = 0;
+    return out;
+  }
+
+  [[nodiscard]] notify_stats stats() const {
+    std::lock_guard lock(mu_);
+    notify_stats s = stats_;
+    s.queued = q_.size();
+    s.queued_bytes = bytes_;
+    return s;
+  }
+
+ private:
+  struct bucket {
+    double tokens = 0;
+    clock::time_point last{};
+  };
+
+  bool take_token(std::string_view sender) {
+    if (senders_.size() >= kMaxSenders && senders_.find(std::string(sender)) == senders_.end()) senders_.clear();
+    const auto now = clock::now();
+    const double burst = limits_.rate_per_sec;
+    auto [it, fresh] = senders_.try_emplace(std::string(sender), bucket{burst, now});
+    bucket& b = it->second;
+    if (!fresh) {
+      const double elapsed = std::chrono::duration<double>(now - b.last).count();
+      b.tokens = std::min(burst, b.tokens + elapsed * limits_.rate_per_sec);
+      b.last = now;
+    }
+    if (b.tokens < 1.0) return false;
+    b.tokens -= 1.0;
+    return true;
+  }
+
+  notify_limits limits_;
+  mutable std::mutex mu_;
+  std::deque<notify_desc> q_;
+  std::size_t bytes_ = 0;
+  std::unordered_map<std::string, bucket> senders_;
+  notify_stats stats_;
+};
+
+}  // namespace detail
+}  // namespace tide

@@ -1,0 +1,226 @@
+#pragma once
+/// Segment, buffer, device, handshake and notify descriptors, and their JSON.
+///
+/// The JSON is Mooncake's (field names, types and layout; see
+/// research/mooncake-wire.md §2-3), so a Mooncake peer reads what tide writes
+/// and the other way round.  The codecs live in src/wire/descriptors.cpp (the wire layer,
+/// below metadata/ and net/);
+/// this header pulls in no JSON library.
+///
+/// API in brief:
+///   segment_desc d{...};                 // built by the data path when it registers memory
+///   std::string j = encode_segment(d);   // compact JSON ending in '\n'
+///   result<segment_desc> r = decode_segment(j);   // validates everything
+///   status s = validate_segment(d);      // the same checks, without JSON
+///   find_buffer_index(d, addr, len)      // which buffer holds [addr, addr+len)
+///   encode_handshake / decode_handshake, encode_notify / decode_notify
+///   parse_gid / format_gid               // "fe:80:00:...:01", 16 colon-separated bytes
+///
+/// Every decoder either returns a complete, validated descriptor or
+/// errc::metadata_malformed with a detail naming the field
+/// ("buffers[1].rkey: expected 2 keys (one per device), got 1"); never a
+/// partly filled one.  All functions are thread-safe (no shared state).
+
+#include <tide/result.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tide {
+
+namespace wire {
+class cluster_secret;
+}
+
+/// What peers may do to a registered buffer.  The MR's access flags follow
+/// it (remote_read: REMOTE_READ only; local_only: no remote flag, and the
+/// buffer is never published).  No REMOTE_ATOMIC in any of them.
+enum class buffer_access : std::uint8_t { local_only, remote_read, remote_write, remote_read_write };
+
+/// "local_only", "remote_read", "remote_write", "remote_read_write".
+[[nodiscard]] std::string_view to_string(buffer_access a) noexcept;
+[[nodiscard]] constexpr bool allows_read(buffer_access a) noexcept {
+  return a == buffer_access::remote_read || a == buffer_access::remote_read_write;
+}
+[[nodiscard]] constexpr bool allows_write(buffer_access a) noexcept {
+  return a == buffer_access::remote_write || a == buffer_access::remote_read_write;
+}
+
+/// A 128-bit RDMA GID in network byte order (same layout as ibv_gid::raw).
+struct gid_bytes {
+  std::array<std::uint8_t, 16> raw{};
+  friend bool operator==(const gid_bytes&, const gid_bytes&) = default;
+};
+
+/// Parses Mooncake's GID text: exactly 16 hex bytes (1 or 2 digits each,
+/// either case) joined by ':'; nothing before or after.  The compressed IPv6
+/// form ("fe80::1") is rejected, as Mooncake does.
+/// Errors: errc::metadata_malformed ("gid: ...").
+[[nodiscard]] result<gid_bytes> parse_gid(std::string_view text);
+/// Formats as 16 lowercase "%02x" bytes joined by ':' (47 characters).
+[[nodiscard]] std::string format_gid(const gid_bytes& gid);
+
+/// One RDMA NIC of a segment's owner.  `devices[i]` pairs with every
+/// buffer's rkey[i] / lkey[i].
+struct device_desc {
+  std::string name;       ///< e.g. "mlx5_0", "rxe0"
+  std::uint16_t lid = 0;  ///< port LID (0 on RoCE)
+  gid_bytes gid;          ///< the GID peers must address
+  friend bool operator==(const device_desc&, const device_desc&) = default;
+};
+
+/// One registered memory region.
+struct buffer_desc {
+  std::string name;                 ///< location tag ("cpu:0", "*", "segments:...")
+  std::uint64_t addr = 0;           ///< virtual address in the owner's process
+  std::uint64_t length = 0;         ///< bytes
+  std::vector<std::uint32_t> lkey;  ///< one per device, in devices[] order
+  std::vector<std::uint32_t> rkey;  ///< one per device, in devices[] order
+  /// tide's extension, JSON "access" ("remote_read" / "remote_write"),
+  /// written only when not the default; Mooncake ignores it, and a buffer
+  /// without it (every Mooncake buffer) allows both.
+  buffer_access access = buffer_access::remote_read_write;
+  /// tide's stable buffer id (JSON "id"; Mooncake's reader ignores it).
+  /// Absent in Mooncake's descriptors: the id is then the buffer's index.
+  std::optional<std::uint32_t> id = std::nullopt;  // initialised: brace-inits of the fields above stay warning-free
+  friend bool operator==(const buffer_desc&, const buffer_desc&) = default;
+};
+
+/// A row of the priority matrix: NICs preferred for a location, then the others usable.
+struct priority_entry {
+  std::vector<std::string> preferred;
+  std::vector<std::string> available;
+  friend bool operator==(const priority_entry&, const priority_entry&) = default;
+};
+/// location -> NICs; JSON `{"cpu:0":[["mlx5_0"],["mlx5_1"]]}`.  Sorted by key,
+/// as Mooncake's topology walks it.
+using priority_matrix = std::map<std::string, priority_entry, std::less<>>;
+
+/// Everything a peer needs to address a process's registered memory.
+struct segment_desc {
+  std::string name;                ///< segment name ("host:port" in p2p mode)
+  std::string protocol = "rdma";   ///< tide writes "rdma"
+  std::vector<device_desc> devices;
+  std::vector<buffer_desc> buffers;
+  priority_matrix priority;        ///< JSON "priority_matrix"
+  std::string timestamp;           ///< informational ("2026-01-01 12:00:00.123456")
+  std::uint16_t tcp_data_port = 0;
+  std::uint32_t tcp_proto_version = 1;
+  std::optional<std::string> rdma_server_name;  ///< peers build NIC paths from it when set
+  friend bool operator==(const segment_desc&, const segment_desc&) = default;
+};
+
+/// The Connection (type 0) message; request and reply alike.
+struct handshake_desc {
+  std::string payload;         ///< opaque; "" for RDMA
+  std::string local_nic_path;  ///< sender's "<server>@<nic>"
+  std::string peer_nic_path;   ///< the receiver's NIC path the sender targets
+  std::uint16_t local_lid = 0;
+  std::optional<gid_bytes> local_gid;   ///< absent = JSON "" (look it up in devices[])
+  std::vector<std::uint32_t> qp_num;    ///< sender's QPs; index i pairs with the receiver's QP i
+  /// Presence (even false) announces ready-ack support; true marks the ack
+  /// message itself.  Absent = a legacy peer: no ack.
+  std::optional<bool> ready_ack;
+  std::string reply_msg;       ///< "" = accepted; otherwise the reason for rejecting
+  /// tide's extension: the sender's active path MTU in bytes (256..4096).
+  /// Mooncake ignores the field; absent when the peer is Mooncake.
+  std::optional<std::uint32_t> mtu;
+  /// tide's extension: the sender's initial send PSN per QP (24 bits, same
+  /// order as qp_num).  Absent from Mooncake, which fixes every PSN at 0:
+  /// then both ends use 0.
+  std::optional<std::vector<std::uint32_t>> psn;
+  friend bool operator==(const handshake_desc&, const handshake_desc&) = default;
+};
+
+/// The Notify (type 2) message.
+struct notify_desc {
+  std::string name;
+  std::string notify_msg;
+  friend bool operator==(const notify_desc&, const notify_desc&) = default;
+};
+
+/// Checks a segment descriptor as decode_segment does: non-empty name and
+/// protocol; device names non-empty and unique; every buffer named, addr != 0,
+/// length != 0, no wrap-around past 2^64, no two buffers overlapping; for
+/// protocol "rdma" lkey and rkey have one entry per device (other protocols:
+/// when rkey is non-empty).  Errors: errc::metadata_malformed naming the field.
+/// Cost: O(buffers log buffers).
+[[nodiscard]] status validate_segment(const segment_desc& desc);
+
+/// Compact JSON (keys sorted, as jsoncpp writes them) ending in '\n'.
+/// Does not validate; invalid UTF-8 in strings is replaced by U+FFFD.
+/// With `seal` (a cluster secret), every buffer's addr, rkey and lkey are
+/// replaced by one "sealed" field (wire/seal.hpp): readers of the metadata
+/// store learn names, lengths and access, never an address or a key.
+/// Errors only with `seal`, when the cipher fails: errc::auth_failed.
+[[nodiscard]] std::string encode_segment(const segment_desc& desc);
+[[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal);
+/// Parses and validates.  Unknown fields are ignored.  Required: name,
+/// protocol, buffers, and for "rdma" devices and priority_matrix; optional:
+/// timestamp, tcp_data_port, tcp_proto_version (default 1), rdma_server_name,
+/// and per buffer access.  Without `seal` a sealed buffer is
+/// metadata_malformed ("buffers[i].sealed: ... configure auth_secret_file");
+/// with it every buffer must be sealed (an unsealed one, which anyone who can
+/// write the store could have put there, is metadata_malformed) and one that
+/// fails to open is metadata_malformed "buffers[i].sealed: authentication failed ...".
+[[nodiscard]] result<segment_desc> decode_segment(std::string_view json);
+[[nodiscard]] result<segment_desc> decode_segment(std::string_view json, const wire::cluster_secret* seal);
+
+/// `ready_ack` and `mtu` are written only when set.
+[[nodiscard]] std::string encode_handshake(const handshake_desc& desc);
+/// Required: local_nic_path, peer_nic_path, local_lid, local_gid, qp_num;
+/// optional: payload, reply_msg, ready_ack, mtu (one of 256, 512, 1024,
+/// 2048, 4096).
+[[nodiscard]] result<handshake_desc> decode_handshake(std::string_view json);
+
+[[nodiscard]] std::string encode_notify(const notify_desc& desc);
+/// Required: name, notify_msg (strings).
+[[nodiscard]] result<notify_desc> decode_notify(std::string_view json);
+
+/// Syntax check only: `text` is one JSON value (surrounding whitespace
+/// allowed) nested at most 32 deep.  Errors: errc::metadata_malformed with the
+/// parser's message.  The handshake server drops requests that fail it.
+[[nodiscard]] status validate_json(std::string_view text);
+
+/// Index of the first buffer that holds all of [addr, addr + length), or
+/// nullopt (also for length 0).  The seeds' selectDevice address test.
+/// Thread-safe, noexcept, no allocation; O(buffers).
+[[nodiscard]] std::optional<std::size_t> find_buffer_index(const segment_desc& desc,
+                                                           std::uint64_t addr,
+                                                           std::uint64_t length) noexcept;
+
+/// Local time as Mooncake writes it: "YYYY-MM-DD HH:MM:SS.uuuuuu".
+[[nodiscard]] std::string current_timestamp();
+
+/// Mooncake's key for a segment descriptor: "mooncake/[<cluster_id>/]ram/<name>",
+/// or "mooncake/[<cluster_id>/]<name>" when the name already contains '/'.
+[[nodiscard]] std::string segment_key(std::string_view cluster_id, std::string_view name);
+
+/// Mooncake's key for a server's handshake address in etcd/HTTP mode:
+/// "mooncake/[<cluster_id>/]rpc_meta/<server_name>".  Mooncake peers read it
+/// to learn where to send handshake requests to <server_name>.
+[[nodiscard]] std::string rpc_meta_key(std::string_view cluster_id, std::string_view server_name);
+
+/// The value stored under rpc_meta_key: {"ip_or_host_name":<host>,"rpc_port":<port>}
+/// (compact, keys sorted, no trailing newline).
+[[nodiscard]] std::string encode_rpc_meta(std::string_view host, std::uint16_t port);
+
+/// A server's handshake address as stored under rpc_meta_key.
+struct rpc_meta {
+  std::string host;
+  std::uint16_t port = 0;
+  friend bool operator==(const rpc_meta&, const rpc_meta&) = default;
+};
+/// Parses Mooncake's rpc_meta value (jsoncpp output: may end in '\n').
+/// Errors: metadata_malformed naming the field (ip_or_host_name must be a
+/// non-empty string, rpc_port 1..65535).
+[[nodiscard]] result<rpc_meta> decode_rpc_meta(std::string_view json);
+
+}  // namespace tide

@@ -1,0 +1,465 @@
+// The attack suite on the host (loopback TCP, no RDMA device): a handshake
+// server with the cluster secret against strangers, wrong secrets, replayed
+// and altered requests; the same server without a secret (Mooncake's wire);
+// sealed descriptors; buffer access in descriptors; the notification inbox
+// bounds under a flood (RSS printed).
+#include <doctest/doctest.h>
+
+#include <tide/detail/notify_inbox.hpp>
+#include <tide/net/handshake_client.hpp>
+#include <tide/net/handshake_server.hpp>
+#include <tide/wire/auth.hpp>
+#include <tide/wire/frame.hpp>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace asio = boost::asio;
+using tide::errc;
+using tide::net::message_type;
+
+std::shared_ptr<const tide::wire::cluster_secret> secret_of(char fill) {
+  return tide::wire::cluster_secret::from_bytes(std::string(32, fill)).value();
+}
+
+tide::segment_desc sample_segment() {
+  tide::segment_desc d;
+  d.name = "127.0.0.1:15999";
+  tide::device_desc dev;
+  dev.name = "rxe0";
+  dev.gid.raw[15] = 1;
+  d.devices.push_back(dev);
+  tide::buffer_desc b;
+  b.name = "cpu:0";
+  b.addr = 0x7f0012345000;
+  b.length = 4096;
+  b.rkey = {0xabcdef};
+  b.lkey = {0xabcdef};
+  d.buffers.push_back(b);
+  b.addr += 8192;
+  b.rkey = {0x123456};
+  b.lkey = {0x123456};
+  b.access = tide::buffer_access::remote_read;
+  d.buffers.push_back(b);
+  d.priority["cpu:0"] = {{"rxe0"}, {}};
+  return d;
+}
+
+// A server whose handlers count what reaches them.
+struct served {
+  std::atomic<int> connects{0}, notifies{0};
+  std::string last_identity;
+  std::string descriptor = tide::encode_segment(sample_segment());
+  tide::net::handshake_server server;
+
+  explicit served(std::shared_ptr<const tide::wire::cluster_secret> secret)
+      : server(start(this, std::move(secret))) {}
+
+  static tide::net::handshake_server start(served* self, std::shared_ptr<const tide::wire::cluster_secret> secret) {
+    tide::net::handshake_server_config c;
+    c.host = "127.0.0.1";
+    c.receive_timeout = std::chrono::milliseconds(2000);
+    c.secret = std::move(secret);
+    tide::net::handshake_handlers h;
+    h.on_connect_from = [self](const tide::handshake_desc& req, std::string_view id) {
+      ++self->connects;
+      self->last_identity = std::string(id);
+      tide::handshake_desc r;
+      r.local_nic_path = req.peer_nic_path;
+      r.peer_nic_path = req.local_nic_path;
+      r.qp_num = {1, 2};
+      return r;
+    };
+    h.on_notify_from = [self](const tide::notify_desc&, std::string_view id) {
+      ++self->notifies;
+      self->last_identity = std::string(id);
+      return true;
+    };
+    h.local_segment = [self]() -> std::optional<std::string> { return self->descriptor; };
+    return tide::net::handshake_server::start(c, std::move(h)).value();
+  }
+  std::uint16_t port() const { return server.port(); }
+};
+
+tide::net::request_options opts(std::shared_ptr<const tide::wire::cluster_secret> s = nullptr) {
+  tide::net::request_options o;
+  o.connect_timeout = std::chrono::milliseconds(2000);
+  o.receive_timeout = std::chrono::milliseconds(3000);
+  o.secret = std::move(s);
+  o.identity = "127.0.0.1:16001";
+  return o;
+}
+
+// A raw TCP peer: writes frames, reads one frame back; what an attacker does.
+struct raw_peer {
+  asio::io_context io;
+  asio::ip::tcp::socket sock{io};
+  explicit raw_peer(std::uint16_t port) {
+    sock.connect({asio::ip::make_address("127.0.0.1"), port});
+  }
+  void send(const std::string& bytes) { asio::write(sock, asio::buffer(bytes)); }
+  // The next frame, or nullopt when the server closed first.
+  std::optional<tide::wire::frame> read_frame() {
+    tide::wire::frame_decoder dec;
+    char c[4096];
+    while (dec.current() == tide::wire::frame_decoder::state::need_more) {
+      boost::system::error_code ec;
+      const std::size_t n = sock.read_some(asio::buffer(c, std::min(sizeof c, dec.bytes_wanted())), ec);
+      if (ec) return std::nullopt;
+      dec.feed(c, n);
+    }
+    if (dec.current() != tide::wire::frame_decoder::state::complete) return std::nullopt;
+    return dec.take();
+  }
+  // hello -> the server's nonce.
+  tide::wire::auth_nonce challenge() {
+    send(tide::wire::encode_frame(message_type::probe, tide::wire::encode_auth_hello()));
+    auto f = read_frame();
+    REQUIRE(f.has_value());
+    auto m = tide::wire::decode_auth_message(f->body);
+    REQUIRE(m.has_value());
+    REQUIRE(m->kind == "challenge");
+    return m->nonce;
+  }
+};
+
+std::string notify_body(const std::string& text) { return tide::encode_notify({"127.0.0.1:16001", text}); }
+
+long rss_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+std::string temp_file(const std::string& contents, mode_t mode) {
+  char path[] = "/tmp/tide-secret-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, contents.data(), contents.size()) == static_cast<ssize_t>(contents.size()));
+  ::close(fd);
+  REQUIRE(::chmod(path, mode) == 0);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("the secret file: at least 32 bytes, not readable by group or others") {
+  const std::string good = temp_file(std::string(48, 'k'), 0600);
+  CHECK(tide::wire::cluster_secret::load(good).has_value());
+
+  const std::string open_to_all = temp_file(std::string(48, 'k'), 0644);
+  auto r = tide::wire::cluster_secret::load(open_to_all);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::config_invalid);
+  CHECK(r.error().detail.find(open_to_all) != std::string::npos);
+  CHECK(r.error().detail.find("0644") != std::string::npos);
+
+  const std::string group = temp_file(std::string(48, 'k'), 0640);
+  CHECK(tide::wire::cluster_secret::load(group).error().detail.find("0640") != std::string::npos);
+
+  const std::string short_one = temp_file("tooshort-secret-kkkkkkkkkkkkkkk", 0600);  // 31 bytes
+  auto s = tide::wire::cluster_secret::load(short_one);
+  REQUIRE_FALSE(s.has_value());
+  CHECK(s.error().code == errc::config_invalid);
+  CHECK(s.error().detail.find("31 bytes") != std::string::npos);
+  // The secret never appears in what is reported.
+  CHECK(s.error().detail.find("tooshort") == std::string::npos);
+
+  CHECK(tide::wire::cluster_secret::load("/nonexistent/secret").error().code == errc::config_invalid);
+  for (const auto& p : {good, open_to_all, group, short_one}) ::unlink(p.c_str());
+}
+
+TEST_CASE("with the secret: peers that share it connect, fetch metadata and notify") {
+  auto key = secret_of('a');
+  served srv(key);
+  auto meta = tide::net::fetch_segment("127.0.0.1", srv.port(), opts(key));
+  REQUIRE_MESSAGE(meta.has_value(), meta.error());
+  CHECK(*meta == sample_segment());
+
+  tide::handshake_desc req;
+  req.local_nic_path = "127.0.0.1:16001@rxe1";
+  req.peer_nic_path = "127.0.0.1:15999@rxe0";
+  req.local_gid = tide::gid_bytes{};
+  req.qp_num = {7, 8};
+  auto reply = tide::net::exchange_handshake("127.0.0.1", srv.port(), req, opts(key));
+  REQUIRE_MESSAGE(reply.has_value(), reply.error());
+  CHECK(reply->qp_num == std::vector<std::uint32_t>{1, 2});
+  CHECK(srv.connects == 1);
+  CHECK(srv.last_identity == "127.0.0.1:16001");  // the identity the MAC bound
+
+  CHECK(tide::net::send_notify("127.0.0.1", srv.port(), {"127.0.0.1:16001", "hi"}, opts(key)).has_value());
+  CHECK(srv.notifies == 1);
+  CHECK(tide::net::probe("127.0.0.1", srv.port(), opts(key)).has_value());
+  CHECK(srv.server.stats().auth_failed == 0);
+}
+
+TEST_CASE("a stranger's metadata request gets no address or rkey; its tide client sees auth_failed") {
+  served srv(secret_of('a'));
+  // What a plain TCP client (or Mooncake) gets for a Metadata frame.
+  raw_peer p(srv.port());
+  p.send(tide::wire::encode_frame(message_type::metadata, "{}\n"));
+  auto f = p.read_frame();
+  REQUIRE(f.has_value());
+  INFO("reply: " << f->body);
+  CHECK(f->body.find("addr") == std::string::npos);
+  CHECK(f->body.find("rkey") == std::string::npos);
+  CHECK(f->body.find("buffers") == std::string::npos);
+  CHECK(f->body.find("\"required\"") != std::string::npos);
+
+  auto r = tide::net::fetch_metadata("127.0.0.1", srv.port(), opts());
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::auth_failed);
+  CHECK(r.error().detail.find("requires authentication") != std::string::npos);
+
+  tide::handshake_desc req;
+  req.local_nic_path = "10.9.9.9:1@evil0";
+  req.peer_nic_path = "127.0.0.1:15999@rxe0";
+  req.local_gid = tide::gid_bytes{};
+  req.qp_num = {7, 8};
+  CHECK(tide::net::exchange_handshake("127.0.0.1", srv.port(), req, opts()).error().code == errc::auth_failed);
+  CHECK(tide::net::send_notify("127.0.0.1", srv.port(), {"x", "y"}, opts()).error().code == errc::auth_failed);
+  CHECK(srv.connects == 0);
+  CHECK(srv.notifies == 0);
+  CHECK(srv.server.stats().auth_failed == 4);
+}
+
+TEST_CASE("a wrong secret gives auth_failed on both sides") {
+  served srv(secret_of('a'));
+  auto r = tide::net::fetch_metadata("127.0.0.1", srv.port(), opts(secret_of('b')));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::auth_failed);
+  CHECK(srv.server.stats().auth_failed == 1);  // the server's side: refused and counted
+  CHECK(tide::net::send_notify("127.0.0.1", srv.port(), {"x", "y"}, opts(secret_of('b'))).error().code ==
+        errc::auth_failed);
+  CHECK(srv.notifies == 0);
+  CHECK(srv.server.stats().auth_failed == 2);
+
+  // A client with a secret against a server without one: auth_failed at
+  // once (no waiting for a challenge that never comes), nothing sent.
+  served plain(nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto n = tide::net::send_notify("127.0.0.1", plain.port(), {"x", "y"}, opts(secret_of('a')));
+  REQUIRE_FALSE(n.has_value());
+  CHECK(n.error().code == errc::auth_failed);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(plain.notifies == 0);
+}
+
+TEST_CASE("a captured valid request replayed on a new connection is rejected") {
+  auto key = secret_of('a');
+  served srv(key);
+  const tide::wire::auth_nonce client_nonce = tide::wire::fresh_nonce().value();
+  std::string captured;
+  {
+    raw_peer p(srv.port());
+    const auto ns = p.challenge();
+    captured = tide::wire::encode_frame(
+        message_type::notify,
+        tide::wire::encode_auth_request(*key, message_type::notify, ns, client_nonce, "127.0.0.1:16001",
+                                        notify_body("pay 1")));
+    p.send(captured);
+    auto f = p.read_frame();
+    REQUIRE(f.has_value());
+    CHECK(tide::wire::decode_auth_message(f->body)->kind == "reply");
+  }
+  CHECK(srv.notifies == 1);
+  {  // replayed after a fresh hello: the server's nonce differs
+    raw_peer p(srv.port());
+    (void)p.challenge();
+    p.send(captured);
+    auto f = p.read_frame();
+    REQUIRE(f.has_value());
+    CHECK(tide::wire::decode_auth_message(f->body)->kind == "failed");
+  }
+  {  // replayed without a hello
+    raw_peer p(srv.port());
+    p.send(captured);
+    auto f = p.read_frame();
+    REQUIRE(f.has_value());
+    CHECK(tide::wire::decode_auth_message(f->body)->kind == "required");
+  }
+  CHECK(srv.notifies == 1);
+  CHECK(srv.server.stats().auth_failed == 2);
+}
+
+TEST_CASE("a body altered in flight is rejected, in either direction") {
+  auto key = secret_of('a');
+  served srv(key);
+  raw_peer p(srv.port());
+  const auto ns = p.challenge();
+  const auto nc = tide::wire::fresh_nonce().value();
+  std::string body = tide::wire::encode_auth_request(*key, message_type::notify, ns, nc, "127.0.0.1:16001",
+                                                     notify_body("pay 1"));
+  const auto at = body.find("pay 1");
+  REQUIRE(at != std::string::npos);
+  body[at + 4] = '9';  // "pay 9"
+  p.send(tide::wire::encode_frame(message_type::notify, body));
+  auto f = p.read_frame();
+  REQUIRE(f.has_value());
+  CHECK(tide::wire::decode_auth_message(f->body)->kind == "failed");
+  CHECK(srv.notifies == 0);
+
+  // The type is bound too: a valid notify MAC sent as a connect fails.
+  raw_peer q(srv.port());
+  const auto ns2 = q.challenge();
+  q.send(tide::wire::encode_frame(message_type::connect,
+                                  tide::wire::encode_auth_request(*key, message_type::notify, ns2, nc,
+                                                                  "127.0.0.1:16001", notify_body("x"))));
+  CHECK(tide::wire::decode_auth_message(q.read_frame()->body)->kind == "failed");
+
+  // A reply altered on its way back fails the client's check.
+  const auto ns3 = tide::wire::fresh_nonce().value();
+  auto reply = tide::wire::encode_auth_reply(*key, message_type::metadata, ns3, nc, "me", "{\"a\":1}\n");
+  auto m = tide::wire::decode_auth_message(reply).value();
+  CHECK(tide::wire::verify_auth_mac(*key, tide::wire::auth_direction::reply, message_type::metadata, ns3, nc, "me", m));
+  m.body[5] = '2';
+  CHECK_FALSE(
+      tide::wire::verify_auth_mac(*key, tide::wire::auth_direction::reply, message_type::metadata, ns3, nc, "me", m));
+  // ... and a request's MAC is not a reply's.
+  auto req = tide::wire::decode_auth_message(tide::wire::encode_auth_request(
+                                                 *key, message_type::metadata, ns3, nc, "me", "{}\n"))
+                 .value();
+  CHECK_FALSE(tide::wire::verify_auth_mac(*key, tide::wire::auth_direction::reply, message_type::metadata, ns3, nc,
+                                          "me", req));
+}
+
+TEST_CASE("without the secret: Mooncake's plain wire, as before") {
+  served srv(nullptr);
+  raw_peer p(srv.port());
+  p.send(tide::wire::encode_frame(message_type::metadata, "{}\n"));
+  auto f = p.read_frame();
+  REQUIRE(f.has_value());
+  CHECK(f->type == message_type::metadata);
+  CHECK(f->body == srv.descriptor);  // byte for byte; addr and rkey readable
+  CHECK(f->body.find("\"rkey\":[11259375]") != std::string::npos);
+  CHECK(tide::net::send_notify("127.0.0.1", srv.port(), {"x", "y"}, opts()).has_value());
+  CHECK(srv.notifies == 1);
+  CHECK(srv.last_identity.empty());
+}
+
+TEST_CASE("sealed descriptors: no address or key in the store, opened with the secret, tamper is named") {
+  auto key = secret_of('a');
+  const auto d = sample_segment();
+  const std::string sealed = tide::encode_segment(d, key.get()).value();
+  INFO(sealed);
+  CHECK(sealed.find("\"addr\"") == std::string::npos);
+  CHECK(sealed.find("rkey") == std::string::npos);
+  CHECK(sealed.find("lkey") == std::string::npos);
+  CHECK(sealed.find("\"sealed\"") != std::string::npos);
+  CHECK(sealed.find("\"access\":\"remote_read\"") != std::string::npos);
+  auto opened = tide::decode_segment(sealed, key.get());
+  REQUIRE_MESSAGE(opened.has_value(), opened.error());
+  CHECK(*opened == d);
+  // Fresh nonce per seal: the same descriptor seals differently.
+  CHECK(tide::encode_segment(d, key.get()).value() != sealed);
+
+  auto without = tide::decode_segment(sealed);
+  REQUIRE_FALSE(without.has_value());
+  CHECK(without.error().code == errc::metadata_malformed);
+  CHECK(without.error().detail.find("buffers[0].sealed") != std::string::npos);
+
+  auto other = tide::decode_segment(sealed, secret_of('b').get());
+  REQUIRE_FALSE(other.has_value());
+  CHECK(other.error().detail.find("buffers[0].sealed: authentication failed") != std::string::npos);
+
+  std::string tampered = sealed;
+  const auto at = tampered.find("\"sealed\":\"") + 20;
+  tampered[at] = tampered[at] == '0' ? '1' : '0';
+  auto t = tide::decode_segment(tampered, key.get());
+  REQUIRE_FALSE(t.has_value());
+  CHECK(t.error().code == errc::metadata_malformed);
+  CHECK(t.error().detail.find("buffers[0].sealed") != std::string::npos);
+
+  // Raising a buffer's access or length breaks its seal (bound as associated data).
+  std::string raised = sealed;
+  raised.replace(raised.find("\"access\":\"remote_read\""), 22, "\"access\":\"remote_read_write\"");
+  auto rr = tide::decode_segment(raised, key.get());
+  REQUIRE_FALSE(rr.has_value());
+  CHECK(rr.error().detail.find("buffers[1].sealed") != std::string::npos);
+
+  // With the secret, an unsealed descriptor (anyone could have stored it) is refused.
+  auto plain = tide::decode_segment(tide::encode_segment(d), key.get());
+  REQUIRE_FALSE(plain.has_value());
+  CHECK(plain.error().detail.find("buffers[0]: not sealed") != std::string::npos);
+}
+
+TEST_CASE("buffer access travels in the descriptor; Mooncake's buffers allow both") {
+  auto d = sample_segment();
+  const std::string j = tide::encode_segment(d);
+  CHECK(j.find("\"access\":\"remote_read\"") != std::string::npos);
+  CHECK(j.find("remote_read_write") == std::string::npos);  // the default is not written
+  auto back = tide::decode_segment(j);
+  REQUIRE(back.has_value());
+  CHECK(back->buffers[0].access == tide::buffer_access::remote_read_write);
+  CHECK(back->buffers[1].access == tide::buffer_access::remote_read);
+  std::string bad = j;
+  bad.replace(bad.find("remote_read\""), 12, "atomic\"");
+  auto b = tide::decode_segment(bad);
+  REQUIRE_FALSE(b.has_value());
+  CHECK(b.error().detail.find("buffers[1].access") != std::string::npos);
+  CHECK_FALSE(tide::allows_write(tide::buffer_access::remote_read));
+  CHECK_FALSE(tide::allows_read(tide::buffer_access::local_only));
+}
+
+TEST_CASE("the notification inbox refuses past its count, byte and per-sender rate bounds, and counts") {
+  tide::detail::notify_inbox box({.max_count = 3, .max_bytes = 1000, .rate_per_sec = 0});
+  for (int i = 0; i < 5; ++i) box.push({"p", "m"}, "p");
+  auto s = box.stats();
+  CHECK(s.accepted == 3);
+  CHECK(s.dropped_count == 2);
+  CHECK(box.take().size() == 3);
+  CHECK(box.push({"p", std::string(999, 'x')}, "p"));  // 1 + 999 bytes: exactly the bound, fits
+  CHECK_FALSE(box.push({"p", ""}, "p"));
+  CHECK(box.stats().dropped_bytes == 1);
+  tide::detail::notify_inbox bytes({.max_count = 100, .max_bytes = 100, .rate_per_sec = 0});
+  CHECK(bytes.push({"p", std::string(90, 'x')}, "p"));
+  CHECK_FALSE(bytes.push({"p", std::string(20, 'x')}, "p"));
+  CHECK(bytes.stats().dropped_bytes == 1);
+  tide::detail::notify_inbox rate({.max_count = 1000, .max_bytes = 1 << 20, .rate_per_sec = 10});
+  int taken = 0;
+  for (int i = 0; i < 50; ++i) taken += rate.push({"a", "m"}, "a") ? 1 : 0;
+  CHECK(taken >= 10);
+  CHECK(taken <= 11);
+  CHECK(rate.push({"b", "m"}, "b"));  // another sender has its own budget
+  CHECK(rate.stats().dropped_rate == static_cast<std::uint64_t>(50 - taken));
+}
+
+TEST_CASE("a notification flood over the network stays within the inbox bound (RSS measured)") {
+  tide::detail::notify_inbox box({.max_count = 256, .max_bytes = 1 << 20, .rate_per_sec = 0});
+  tide::net::handshake_server_config c;
+  c.host = "127.0.0.1";
+  tide::net::handshake_handlers h;
+  h.on_notify_from = [&](const tide::notify_desc& n, std::string_view) { return box.push(n, n.name); };
+  auto srv = tide::net::handshake_server::start(c, std::move(h)).value();
+  const long before = rss_kib();
+  const std::string text(16 << 10, 'f');  // 16 KiB a message
+  int refused = 0;
+  const int kMessages = 600;  // 9.4 MiB offered
+  for (int i = 0; i < kMessages; ++i)
+    if (!tide::net::send_notify("127.0.0.1", srv.port(), {"flood-" + std::to_string(i % 7), text}, opts()))
+      ++refused;
+  const long after = rss_kib();
+  const auto s = box.stats();
+  MESSAGE("flood: " << kMessages << " x 16 KiB offered, " << s.accepted << " queued, " << s.dropped_count
+                    << " refused by count, " << s.dropped_bytes << " by bytes; RSS " << before << " -> " << after
+                    << " KiB");
+  CHECK(s.queued <= 256);
+  CHECK(s.queued_bytes <= (1u << 20));
+  CHECK(s.accepted + s.dropped_count + s.dropped_bytes == static_cast<std::uint64_t>(kMessages));
+  CHECK(refused == kMessages - static_cast<int>(s.accepted));  // every refusal reached its sender
+  CHECK(after - before < 8 * 1024);  // well below the 9.4 MiB offered
+}
