@@ -140,5 +140,6 @@ nlohmann::json miss_ratio(const options& o);
 nlohmann::json store_throughput(const options& o);
 nlohmann::json shard_hashes(const options& o);
 nlohmann::json idle_strategies(const options& o);
+nlohmann::json submit_queues(const options& o);
 
 }  // namespace tide::bench

@@ -1,6 +1,7 @@
 // tide-policy-bench: microbenchmarks of the policy axes.
 //   (a) eviction miss ratio   (b) endpoint store throughput
 //   (c) shard hashes          (d) idle strategies
+//   (e) the lane submit queue (own MPSC vs Boost.Lockfree)
 // Prints tables; --json FILE writes every figure.  Never asserts a timing.
 
 #include "common.hpp"
@@ -17,7 +18,7 @@ void usage() {
       "usage: tide-policy-bench [--sections abcd] [--json FILE] [--repeats N] [--run-seconds S]\n"
       "                         [--idle-seconds S] [--quick] [--rdma]\n"
       "  --sections   which of (a) miss ratio, (b) store throughput, (c) shard hashes,\n"
-      "               (d) idle strategies to run (default abcd)\n"
+      "               (d) idle strategies, (e) lane submit queues to run (default abcd)\n"
       "  --rdma       (d) also on a real CQ (needs an RDMA device: run it in the rxe VM)\n"
       "  --quick      shorter traces and fewer repeats (smoke test)\n");
 }
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   if (sections.find('b') != std::string::npos) j["store_throughput"] = tide::bench::store_throughput(o);
   if (sections.find('c') != std::string::npos) j["shard_hashes"] = tide::bench::shard_hashes(o);
   if (sections.find('d') != std::string::npos) j["idle"] = tide::bench::idle_strategies(o);
+  if (sections.find('e') != std::string::npos) j["submit_queues"] = tide::bench::submit_queues(o);
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     f << j.dump(2) << '\n';

@@ -128,7 +128,9 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   if (auto s = qp.to_reset(); !s) return s;
   l.rts = false;
   l.errored = false;
+  l.left_reset = false;
   if (auto s = qp.to_init(params_.port); !s) return s;
+  l.left_reset = true;
   verbs::remote_qp rq = r.base;
   rq.qp_num = r.qp_num[i];
   rq.rq_psn = r.rq_psn[i];
@@ -146,6 +148,7 @@ void endpoint::lane_error(std::uint32_t i) noexcept {
   if (l.errored) return;
   l.errored = true;
   l.rts = false;
+  if (!l.left_reset) return;  // never connected: nothing to flush
   if (auto r = qps_[i].to_error(); !r) TIDE_LOG_WARN("endpoint " << peer_nic_path_ << ": " << r.error().message());
 }
 

@@ -542,6 +542,10 @@ TEST_CASE("the peer process killed mid-batch: tasks end FAILED within the timeou
   peer_process peer(devs[1]);
   auto cfg = config_for({devs[0]});
   cfg.transfer_timeout = 40s;
+  // 64 KiB WRs, requests not coalesced: completions trickle in, so the kill lands mid-batch
+  // (32 WRs of 1 MiB, signaled in bulk, finish before the first bytes are seen).
+  cfg.max_wrs_write = 1024;
+  cfg.coalesce_requests = false;
   auto a = make_engine({}, cfg);
   constexpr std::size_t kSize = 32u << 20;
   buffer la(kSize);

@@ -354,3 +354,27 @@ TEST_CASE("current_timestamp has Mooncake's shape") {
   CHECK(t[10] == ' ');
   CHECK(t[19] == '.');
 }
+
+TEST_CASE("handshake: tide's psn extension round-trips; out of range or miscounted PSNs are refused") {
+  handshake_desc d;
+  d.local_nic_path = "10.0.0.1:15000@rxe0";
+  d.peer_nic_path = "10.0.0.2:15000@rxe1";
+  d.local_gid = gid_bytes{};
+  d.local_gid->raw[15] = 1;
+  d.qp_num = {17, 18};
+  d.psn = std::vector<std::uint32_t>{0x123456, 0xffffff};
+  auto back = decode_handshake(encode_handshake(d));
+  REQUIRE(back);
+  CHECK(*back == d);
+  d.psn.reset();
+  CHECK(encode_handshake(d).find("psn") == std::string::npos);  // a Mooncake peer sees nothing new
+  auto big = decode_handshake(R"({"local_nic_path":"a@x","peer_nic_path":"b@y","local_lid":0,"local_gid":"",)"
+                              R"("qp_num":[1],"psn":[16777216]})");
+  REQUIRE_FALSE(big);
+  CHECK(big.error().code == errc::metadata_malformed);
+  CHECK(big.error().detail.find("psn") != std::string::npos);
+  auto count = decode_handshake(R"({"local_nic_path":"a@x","peer_nic_path":"b@y","local_lid":0,"local_gid":"",)"
+                                R"("qp_num":[1,2],"psn":[5]})");
+  REQUIRE_FALSE(count);
+  CHECK(count.error().detail.find("psn") != std::string::npos);
+}

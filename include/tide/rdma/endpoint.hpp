@@ -87,6 +87,7 @@ struct lane_qp {
   detail::posted_ring ring;           ///< posted slices, in post order
   std::uint32_t since_signal = 0;     ///< unsignaled WRs since the last signaled one
   bool rts = false;                   ///< this lane moved the QP to RTS
+  bool left_reset = false;            ///< the QP left RESET (ERR from RESET is refused)
   bool errored = false;               ///< this lane moved the QP to ERR
 };
 

@@ -278,7 +278,12 @@ class lane {
   // Posts what credits allow of every group.  True when it did work.
   bool post_pending() noexcept {
     bool did = false;
-    for (auto& g : groups_) {
+    // Start one group later each pass, so that with few credits every peer
+    // gets its turn (no group can keep the CQ to itself).
+    const std::size_t ng = groups_.size();
+    if (ng != 0) rr_ = (rr_ + 1) % ng;
+    for (std::size_t k = 0; k < ng; ++k) {
+      group& g = groups_[(rr_ + k) % ng];
       if (g.head == nullptr) continue;
       drop_dead(g);
       if (g.head == nullptr) {
@@ -481,6 +486,7 @@ class lane {
   std::mutex mail_mu_;
   std::vector<lane_message> mail_;
   std::vector<group> groups_;   ///< queued slices per peer NIC path
+  std::size_t rr_ = 0;          ///< the group post_pending starts with
   std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
 };
 

@@ -1,0 +1,437 @@
+// The lane data path against real (Soft-RoCE) devices: credits with a tiny CQ
+// and send queues over 16 peers, passive endpoints after idle gaps under every
+// idle strategy, a peer re-handshaking with new QPNs and a peer process
+// restarting under traffic, a remote access error failing one endpoint only.
+// Every byte is checked.
+//
+// The binary doubles as the peer process: `rxe_lanes --peer <device> <port>`.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <tide/engine.hpp>
+#include <tide/policy/busy_poll.hpp>
+#include <tide/policy/cq_event.hpp>
+#include <tide/policy/hybrid.hpp>
+
+#include "devices_under_test.hpp"
+#include "lane_helpers.hpp"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using tide::transfer_op;
+using tide::transfer_request;
+using tide::transfer_state;
+using tide::test::buffer;
+using tide::test::devices_under_test;
+using tide::test::fill;
+using tide::test::lane_config;
+using tide::test::run_one;
+using engine = tide::transfer_engine<>;
+
+std::unique_ptr<engine> make_engine(const tide::engine_config& c) {
+  auto e = engine::create(c);
+  REQUIRE_MESSAGE(e.has_value(), (e ? "" : e.error().message()));
+  return std::move(*e);
+}
+
+// ---- the peer process: prints "SEGMENT <name> <base>", then answers
+// "CHECK off len seed" / "FILL off len seed" with OK or BAD.
+constexpr std::size_t kPeerMem = 8u << 20;
+
+int peer_main(const std::string& device, std::uint16_t port) {
+  auto c = lane_config(device);
+  c.handshake_port = port;
+  auto e = engine::create(c);
+  if (!e) {
+    std::printf("ERROR %s\n", e.error().message().c_str());
+    return 1;
+  }
+  buffer mem(kPeerMem);
+  if (auto r = (*e)->register_memory(mem.data, kPeerMem, "cpu:0"); !r) {
+    std::printf("ERROR %s\n", r.error().message().c_str());
+    return 1;
+  }
+  std::printf("SEGMENT %s\n", (*e)->segment_name().c_str());
+  std::fflush(stdout);
+  char line[256];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+    char cmd[16];
+    unsigned long long off = 0, len = 0, seed = 0;
+    if (std::sscanf(line, "%15s %llu %llu %llu", cmd, &off, &len, &seed) < 1) continue;
+    if (std::strcmp(cmd, "EXIT") == 0) break;
+    std::vector<unsigned char> want(len);
+    fill(want.data(), len, seed);
+    if (std::strcmp(cmd, "FILL") == 0) {
+      std::memcpy(mem.data + off, want.data(), len);
+      std::printf("OK\n");
+    } else {
+      std::printf(std::memcmp(mem.data + off, want.data(), len) == 0 ? "OK\n" : "BAD\n");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+struct peer_process {
+  pid_t pid = -1;
+  FILE* to = nullptr;
+  FILE* from = nullptr;
+  std::string segment;
+
+  peer_process(const std::string& device, std::uint16_t port) {
+    int in[2], out[2];
+    REQUIRE(::pipe(in) == 0);
+    REQUIRE(::pipe(out) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    REQUIRE(n > 0);
+    std::string self(exe, static_cast<std::size_t>(n));
+    std::string port_text = std::to_string(port);
+    std::vector<char*> argv{self.data(), const_cast<char*>("--peer"), const_cast<char*>(device.c_str()),
+                            port_text.data(), nullptr};
+    REQUIRE(posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to = ::fdopen(in[1], "w");
+    from = ::fdopen(out[0], "r");
+    char line[512];
+    REQUIRE(std::fgets(line, sizeof line, from) != nullptr);
+    char name[256];
+    REQUIRE_MESSAGE(std::sscanf(line, "SEGMENT %255s", name) == 1, "peer said: " << line);
+    segment = name;
+  }
+  bool ask(const char* cmd, std::size_t off, std::size_t len, std::uint64_t seed) {
+    std::fprintf(to, "%s %zu %zu %llu\n", cmd, off, len, static_cast<unsigned long long>(seed));
+    std::fflush(to);
+    char line[64];
+    return std::fgets(line, sizeof line, from) != nullptr && std::strncmp(line, "OK", 2) == 0;
+  }
+  void kill() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  ~peer_process() {
+    if (to != nullptr) {
+      if (pid > 0) std::fprintf(to, "EXIT\n");
+      std::fclose(to);
+    }
+    if (from != nullptr) std::fclose(from);
+    if (pid > 0) ::waitpid(pid, nullptr, 0);
+  }
+};
+
+// Submits `reqs` as one batch, waits, and requires every task COMPLETED and
+// the batch free (nothing left busy).
+void run_batch(engine& e, const std::vector<transfer_request>& reqs, std::chrono::milliseconds timeout = 120s) {
+  auto b = e.allocate_batch(reqs.size());
+  REQUIRE(b);
+  REQUIRE(e.submit(*b, reqs));
+  auto w = e.wait(*b, timeout);
+  REQUIRE_MESSAGE(w, (w ? "" : w.error().message()));
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    auto st = e.status_of(*b, i);
+    REQUIRE(st);
+    REQUIRE_MESSAGE(st->state == transfer_state::completed,
+                    "task " << i << " ended " << tide::to_string(st->state) << " (" << tide::to_string(st->reason) << ")");
+    REQUIRE(st->transferred_bytes == reqs[i].length);
+  }
+  auto f = e.free_batch(*b);
+  REQUIRE_MESSAGE(f, "batch left busy: " << (f ? "" : f.error().message()));
+}
+
+struct with_hybrid : tide::default_policies {
+  using idle = tide::policy::hybrid;
+};
+struct with_busy_poll : tide::default_policies {
+  using idle = tide::policy::busy_poll;
+};
+struct with_cq_event : tide::default_policies {
+  using idle = tide::policy::cq_event;
+};
+
+}  // namespace
+
+TEST_CASE("16 peers, max_cqe 64, send queues of 16: no lost completion, no TIMEOUT, every byte checked") {
+  const auto devs = devices_under_test();
+  constexpr int kPeers = 16;
+  constexpr std::size_t kPer = 2u << 20;  // per peer
+  constexpr std::size_t kReqs = 16;       // per peer and round: 128 KiB = 2 slices each
+  auto small = [](const std::string& dev) {
+    auto c = lane_config(dev);
+    c.max_cqe = 64;
+    c.max_wr = 16;
+    c.signal_interval = 4;
+    return c;
+  };
+  auto a = make_engine(small(devs[0]));
+  std::vector<std::unique_ptr<engine>> peers;
+  std::vector<std::unique_ptr<buffer>> mem;
+  std::vector<tide::segment_id> segs;
+  buffer src(kPeers * kPer);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  for (int i = 0; i < kPeers; ++i) {
+    peers.push_back(make_engine(small(devs[1])));
+    mem.push_back(std::make_unique<buffer>(kPer));
+    REQUIRE(peers.back()->register_memory(mem.back()->data, kPer, "cpu:0"));
+    auto s = a->open_segment(peers.back()->segment_name());
+    REQUIRE(s);
+    segs.push_back(*s);
+  }
+  std::uint64_t checked = 0;
+  for (int round = 0; round < 4; ++round) {
+    const bool write = round % 2 == 0;
+    std::vector<transfer_request> reqs;
+    for (int p = 0; p < kPeers; ++p) {
+      unsigned char* local = src.data + p * kPer;
+      if (write) fill(local, kPer, 1000u * round + p);
+      else fill(mem[p]->data, kPer, 1000u * round + p);
+      const std::size_t len = kPer / kReqs;
+      for (std::size_t k = 0; k < kReqs; ++k)
+        reqs.push_back(transfer_request::in_buffer(write ? transfer_op::write : transfer_op::read, local + k * len,
+                                                   segs[p], 0, k * len, len));
+    }
+    run_batch(*a, reqs);
+    for (int p = 0; p < kPeers; ++p)
+      REQUIRE_MESSAGE(std::memcmp(src.data + p * kPer, mem[p]->data, kPer) == 0,
+                      (write ? "WRITE" : "READ") << " round " << round << " peer " << p << " differs");
+    checked += kPeers * kPer;
+  }
+  MESSAGE("checked " << checked << " bytes over " << kPeers << " peers, CQ of 64 entries per lane");
+  auto& ctx = a->transport().context(0);
+  CHECK(ctx.cq_entries() == 64);
+  CHECK(ctx.stats().cq_errors == 0);
+}
+
+TEST_CASE_TEMPLATE("both directions over passive endpoints after idle gaps: no request waits for a sleeping lane",
+                   P, with_hybrid, with_busy_poll, with_cq_event) {
+  const auto devs = devices_under_test();
+  using E = tide::transfer_engine<P>;
+  // One lane per engine: under TCG emulation four busy-polling lanes on two
+  // vCPUs starve Soft-RoCE's own kernel work (a CPU limit, not a sleeping lane).
+  auto one_lane = [](const std::string& dev) {
+    auto c = lane_config(dev);
+    c.num_qp_per_ep = 1;
+    return c;
+  };
+  auto ea = E::create(one_lane(devs[0]));
+  auto eb = E::create(one_lane(devs[1]));
+  REQUIRE(ea);
+  REQUIRE(eb);
+  E& a = **ea;
+  E& b = **eb;
+  constexpr std::size_t kSize = 1u << 20;
+  buffer ma(kSize), mb(kSize);
+  REQUIRE(a.register_memory(ma.data, kSize, "cpu:0"));
+  REQUIRE(b.register_memory(mb.data, kSize, "cpu:0"));
+  auto sb = a.open_segment(b.segment_name());
+  REQUIRE(sb);
+  // a connects actively; b's endpoint to a is the passive one.
+  fill(ma.data, 4096, 1);
+  REQUIRE(run_one(a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, 0, 0, 4096)));
+  auto sa = b.open_segment(a.segment_name());
+  REQUIRE(sa);
+  std::chrono::microseconds worst{0};
+  for (int i = 0; i < 12; ++i) {
+    std::this_thread::sleep_for(150ms);  // lanes go idle (hybrid sleeps after 100 ms)
+    const std::size_t len = i % 3 == 0 ? 4096 : (i % 3 == 1 ? 65536 : 300000);
+    const std::size_t off = (static_cast<std::size_t>(i) * 8192) % (kSize - len);
+    const bool from_b = i % 2 == 0;  // b uses its passive endpoint
+    const bool write = (i / 2) % 2 == 0;
+    E& who = from_b ? b : a;
+    buffer& mine = from_b ? mb : ma;
+    buffer& theirs = from_b ? ma : mb;
+    const auto seg = from_b ? *sa : *sb;
+    fill(write ? mine.data + off : theirs.data + off, len, 77u + static_cast<unsigned>(i));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = run_one(who, transfer_request::in_buffer(write ? transfer_op::write : transfer_op::read, mine.data + off,
+                                                      seg, 0, off, len));
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    REQUIRE(std::memcmp(mine.data + off, theirs.data + off, len) == 0);
+    worst = std::max(worst, us);
+    CHECK_MESSAGE(us < 500ms, "request " << i << " (" << len << " B, " << (from_b ? "b->a" : "a->b") << ") took "
+                                         << us.count() << " us after an idle gap");
+  }
+  MESSAGE(P::idle::kName << ": worst request after a 150 ms gap: " << worst.count() << " us");
+}
+
+TEST_CASE("a peer re-handshakes the same path with new QPNs while traffic is queued: nothing lost") {
+  const auto devs = devices_under_test();
+  auto a = make_engine(lane_config(devs[0]));
+  auto b = make_engine(lane_config(devs[1]));
+  constexpr std::size_t kSize = 4u << 20;
+  constexpr std::size_t kHalf = kSize / 2;  // a -> b traffic; b -> a writes the top
+  buffer ma(kSize), mb(kSize);
+  REQUIRE(a->register_memory(ma.data, kSize, "cpu:0"));
+  REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));  // one buffer: buffer 0 is mb
+  auto sb = a->open_segment(b->segment_name());
+  REQUIRE(sb);
+  std::atomic<bool> stop{false};
+  std::atomic<int> batches{0};
+  std::string failure;
+  std::thread traffic([&] {
+    std::uint64_t seed = 5;
+    while (!stop.load()) {
+      constexpr std::size_t kLen = 256 * 1024;
+      std::vector<transfer_request> reqs;
+      for (std::size_t k = 0; k < kHalf / kLen; ++k) {
+        fill(ma.data + k * kLen, kLen, seed + k);
+        reqs.push_back(transfer_request::in_buffer(transfer_op::write, ma.data + k * kLen, *sb, 0, k * kLen, kLen));
+      }
+      seed += 100;
+      auto bt = a->allocate_batch(reqs.size());
+      if (!bt || !a->submit(*bt, reqs) || !a->wait(*bt, 120s)) {
+        failure = "batch did not finish";
+        return;
+      }
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        auto st = a->status_of(*bt, i);
+        if (!st || st->state != transfer_state::completed) {
+          failure = "task " + std::to_string(i) + " ended " +
+                    (st ? std::string(tide::to_string(st->state)) + " " + std::string(tide::to_string(st->reason)) : "?");
+          return;
+        }
+      }
+      if (!a->free_batch(*bt)) {
+        failure = "batch left busy";
+        return;
+      }
+      if (std::memcmp(ma.data, mb.data, kHalf) != 0) {
+        failure = "bytes differ";
+        return;
+      }
+      batches.fetch_add(1);
+    }
+  });
+  for (int round = 0; round < 3 && failure.empty(); ++round) {
+    // b drops its endpoint to a and connects again: new QPNs for the same path.
+    auto sa = b->open_segment(a->segment_name());
+    REQUIRE(sa);
+    unsigned char* top = mb.data + kSize - 8192;  // outside the half a writes
+    fill(top, 8192, 900u + static_cast<unsigned>(round));
+    REQUIRE(run_one(*b, transfer_request::in_buffer(transfer_op::write, top, *sa, 0, kSize - 8192, 8192)));
+    REQUIRE(std::memcmp(top, ma.data + kSize - 8192, 8192) == 0);
+    REQUIRE(b->close_segment(*sa));
+    const int seen = batches.load();
+    for (int w = 0; w < 600 && batches.load() < seen + 2 && failure.empty(); ++w) std::this_thread::sleep_for(100ms);
+  }
+  stop = true;
+  traffic.join();
+  REQUIRE_MESSAGE(failure.empty(), failure);
+  MESSAGE(batches.load() << " batches of 2 MiB verified across 2 re-handshakes (new QPNs)");
+  CHECK(batches.load() >= 3);
+}
+
+TEST_CASE("a peer process restarts with the same segment name while traffic is queued: traffic resumes") {
+  const auto devs = devices_under_test();
+  auto a = make_engine(lane_config(devs[0]));
+  buffer ma(kPeerMem);
+  REQUIRE(a->register_memory(ma.data, kPeerMem, "cpu:0"));
+  const auto port = static_cast<std::uint16_t>(17100 + ::getpid() % 800);
+  auto writes = [&](tide::segment_id seg, std::uint64_t seed) {
+    std::vector<transfer_request> reqs;
+    constexpr std::size_t kLen = 512 * 1024;
+    for (std::size_t k = 0; k < 8; ++k) {
+      fill(ma.data + k * kLen, kLen, seed + k);
+      reqs.push_back(transfer_request::in_buffer(transfer_op::write, ma.data + k * kLen, seg, 0, k * kLen, kLen));
+    }
+    return reqs;
+  };
+  std::string name;
+  {
+    peer_process p1(devs[1], port);
+    name = p1.segment;
+    auto seg = a->open_segment(name);
+    REQUIRE(seg);
+    run_batch(*a, writes(*seg, 10));
+    for (std::size_t k = 0; k < 8; ++k) REQUIRE(p1.ask("CHECK", k * 512 * 1024, 512 * 1024, 10 + k));
+    p1.kill();
+    // Traffic queued for the dead peer: every task must end (FAILED or
+    // COMPLETED), none may hang, the batch must be free afterwards.
+    auto reqs = writes(*seg, 20);
+    auto b = a->allocate_batch(reqs.size());
+    REQUIRE(b);
+    REQUIRE(a->submit(*b, reqs));
+    auto w = a->wait(*b, 90s);
+    REQUIRE_MESSAGE(w, (w ? "" : w.error().message()));
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      auto st = a->status_of(*b, i);
+      REQUIRE(st);
+      CHECK(st->state != transfer_state::timeout);
+    }
+    REQUIRE(a->free_batch(*b));
+    REQUIRE(a->close_segment(*seg));
+  }
+  peer_process p2(devs[1], port);
+  REQUIRE(p2.segment == name);
+  auto seg = a->open_segment(name);
+  REQUIRE(seg);
+  run_batch(*a, writes(*seg, 30));
+  for (std::size_t k = 0; k < 8; ++k) REQUIRE(p2.ask("CHECK", k * 512 * 1024, 512 * 1024, 30 + k));
+}
+
+TEST_CASE("a WRITE to a stale rkey fails its endpoint with remote_access_error; other peers continue") {
+  const auto devs = devices_under_test();
+  auto a = make_engine(lane_config(devs[0]));
+  auto b = make_engine(lane_config(devs[1]));
+  auto c = make_engine(lane_config(devs[1]));
+  constexpr std::size_t kSize = 1u << 20;
+  buffer ma(kSize), mb(kSize), mc(kSize);
+  REQUIRE(a->register_memory(ma.data, kSize, "cpu:0"));
+  REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));
+  REQUIRE(c->register_memory(mc.data, kSize, "cpu:0"));
+  auto sb = a->open_segment(b->segment_name());
+  auto sc = a->open_segment(c->segment_name());
+  REQUIRE(sb);
+  REQUIRE(sc);
+  fill(ma.data, kSize, 3);
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, 0, 0, 65536)));
+  REQUIRE(b->unregister_memory(mb.data));  // a still holds the old rkey
+  auto bad = run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, 0, 0, 65536));
+  REQUIRE_FALSE(bad);
+  CHECK_MESSAGE(bad.error().code == tide::errc::remote_access_error, bad.error().message());
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sc, 0, 0, kSize)));
+  REQUIRE(std::memcmp(ma.data, mc.data, kSize) == 0);
+  // b registers again; a refreshes its view and writes again.
+  REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));
+  REQUIRE(a->close_segment(*sb));
+  sb = a->open_segment(b->segment_name());
+  REQUIRE(sb);
+  fill(ma.data, kSize, 4);
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, 0, 0, kSize)));
+  REQUIRE(std::memcmp(ma.data, mb.data, kSize) == 0);
+}
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  if (argc >= 4 && std::string(argv[1]) == "--peer")
+    return peer_main(argv[2], static_cast<std::uint16_t>(std::atoi(argv[3])));
+  const auto list = tide::verbs::device_list::get();
+  if (!list || list->empty()) {
+    std::printf("no RDMA device on this host: skipped (exit 77)\n");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
