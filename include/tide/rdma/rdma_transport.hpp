@@ -151,6 +151,9 @@ class rdma_transport {
   struct segment_slot {
     std::shared_ptr<const remote_segment> view;
     std::atomic<std::size_t> inflight{0};
+    /// Set when the peer rejected an rkey (remote_access_error): its buffers
+    /// may have changed, so the next submit refreshes the view first.
+    std::atomic<bool> stale{false};
   };
   std::vector<std::unique_ptr<segment_slot>> segments_;  ///< by segment_id
 
