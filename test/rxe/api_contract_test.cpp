@@ -204,6 +204,7 @@ TEST_CASE("in flight: unregister_memory and close_segment say busy; drain waits;
   // close_segment with cancel: the READ in flight ends CANCELED, then the segment is gone.
   REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
   std::memset(local.data, kCanary, kSize);
+  std::memset(remote.data, kRemote, kSize);  // the WRITE above left canaries there: a late READ must show
   batch = start(*a, transfer_op::read, seg, local, remote_addr);
   REQUIRE(a->close_segment(seg, tide::in_flight::cancel));
   st = a->batch_status(batch).value();

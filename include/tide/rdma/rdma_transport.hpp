@@ -169,6 +169,9 @@ class rdma_transport {
   struct segment_slot {
     std::shared_ptr<const remote_segment> view;
     std::atomic<std::size_t> inflight{0};
+    /// Set when the peer rejected an rkey (remote_access_error): its buffers
+    /// may have changed, so the next submit refreshes the view first.
+    std::atomic<bool> stale{false};
   };
   /// A request after resolution: where its bytes are on both sides.
   struct resolved_request {

@@ -371,6 +371,11 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
         res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
         res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
       }
+      // The peer rejected one of this view's rkeys: read its descriptor again
+      // first, so a buffer it unregistered is out_of_bounds here.
+      if (attempt == 0 && res[i].slot != nullptr && res[i].slot->stale.load(std::memory_order_relaxed) &&
+          res[i].slot->stale.exchange(false, std::memory_order_relaxed) && refresh_ && refresh_(r.target))
+        continue;
       if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
       const remote_segment& seg = *res[i].seg;
       if (r.buffer != transfer_request::kRawAddress) {

@@ -223,6 +223,10 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // The first wire error is the task's cause even when a retry succeeds
   // for this slice (a later failure of another slice then names it).
   detail::note_cause(t, e, &s);
+  if (e == errc::remote_access_error) {
+    std::shared_lock lock(seg_mu_);
+    if (t.target < segments_.size()) segments_[t.target]->stale.store(true, std::memory_order_relaxed);
+  }
   // A task marked to stop (timeout, cancel) is not retried: it becomes
   // final once its slices have all retired.
   const bool stopping = detail::should_drop(s) != errc::ok;
