@@ -81,6 +81,10 @@ struct etcd::impl {
         return;
       }
       tls = std::move(*ctx);
+      if (!config.etcd_verify_server) {
+        TIDE_LOG_WARN("etcd: etcd_verify_server is off: the server's certificate is not checked, so anyone on the "
+                      "path can pose as etcd");
+      }
     }
     if (config.etcd_user.empty() != config.etcd_password_file.empty()) {
       config_error = error{errc::config_invalid, config.etcd_user.empty()

@@ -300,4 +300,23 @@ std::size_t resident_bytes(pid_t pid) {
   return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 }
 
+bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  do {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "stat");
+      std::string stat{std::istreambuf_iterator<char>(in), {}};
+      // "pid (comm) S ...": the state follows the last ')'.
+      const auto paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') all = false;
+    }
+    if (!ec && all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
 }  // namespace tide::test

@@ -125,6 +125,10 @@ int run_to_completion(std::vector<std::string> argv, const std::string& log_path
 /// when it cannot be read.
 [[nodiscard]] std::size_t resident_bytes(pid_t pid);
 
+/// Waits until every thread of `pid` is stopped (state T, after SIGSTOP):
+/// kill() returns before the stop takes effect.  False after `timeout`.
+[[nodiscard]] bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
 /// Milliseconds since `start`.
 [[nodiscard]] inline long long elapsed_ms(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
