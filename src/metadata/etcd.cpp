@@ -6,7 +6,7 @@
 
 #include <tide/detail/log.hpp>
 #include <tide/metadata/descriptors.hpp>
-#include <tide/net/address.hpp>
+#include <tide/wire/address.hpp>
 
 #include <atomic>
 #include <mutex>
@@ -30,7 +30,7 @@ std::string snippet(const std::string& body) {
 // thread at once.
 struct etcd::impl {
   metadata_config config;
-  std::vector<net::peer_address> endpoints;
+  std::vector<wire::peer_address> endpoints;
   std::optional<error> config_error;
   std::atomic<std::size_t> preferred{0};  // the endpoint that answered last
   std::shared_ptr<const detail::tls_client_context> tls;  // null: plain http
@@ -53,7 +53,7 @@ struct etcd::impl {
       const std::string_view item = s.substr(0, comma);
       s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
       if (item.empty()) continue;
-      auto ep = net::parse_peer_address(item, 2379);
+      auto ep = wire::parse_peer_address(item, 2379);
       if (!ep) {
         config_error = error{errc::config_invalid, "etcd endpoint \"" + std::string(item) + "\": " + ep.error().detail};
         return;
@@ -110,8 +110,8 @@ struct etcd::impl {
   }
 
   // POST /v3/auth/authenticate on `ep`; stores and returns the new token.
-  result<std::string> authenticate(const net::peer_address& ep) {
-    const std::string where = net::format_peer_address(ep.host, ep.port);
+  result<std::string> authenticate(const wire::peer_address& ep) {
+    const std::string where = wire::format_peer_address(ep.host, ep.port);
     auto reply = detail::http_request(ep.host, ep.port, "POST", "/v3/auth/authenticate",
                                       detail::etcd_authenticate_request(config.etcd_user, password), "application/json",
                                       config.timeout, {.tls = tls, .authorization = {}});
@@ -134,7 +134,7 @@ struct etcd::impl {
   // One request to one endpoint, authenticated when a user is configured:
   // a missing token is fetched first; a token etcd rejects (expired, or the
   // member restarted) is replaced once.
-  result<detail::http_reply> post(const net::peer_address& ep, std::string_view path, const std::string& body) {
+  result<detail::http_reply> post(const wire::peer_address& ep, std::string_view path, const std::string& body) {
     detail::http_request_options options{.tls = tls, .authorization = {}};
     if (uses_auth()) {
       options.authorization = current_token();
@@ -168,7 +168,7 @@ struct etcd::impl {
       if (!reply) {
         why = reply.error().detail;
       } else if (reply->status != 200) {
-        why = net::format_peer_address(ep.host, ep.port) + " answered HTTP " + std::to_string(reply->status) + ": " +
+        why = wire::format_peer_address(ep.host, ep.port) + " answered HTTP " + std::to_string(reply->status) + ": " +
               snippet(reply->body);
         if (reply->body.find("CommonName of client") != std::string::npos) {
           why += " (with auth on, etcd's JSON gateway needs an etcd_cert_file without a Common Name)";

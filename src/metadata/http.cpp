@@ -3,7 +3,7 @@
 #include "http_client.hpp"
 
 #include <tide/metadata/descriptors.hpp>
-#include <tide/net/address.hpp>
+#include <tide/wire/address.hpp>
 
 #include <optional>
 
@@ -11,7 +11,7 @@ namespace tide::policy {
 
 struct http::impl {
   metadata_config config;
-  net::peer_address server;
+  wire::peer_address server;
   std::string path;
   std::optional<error> config_error;
   std::string bearer;  // "Bearer <token>" for PUT/DELETE; never logged
@@ -31,7 +31,7 @@ struct http::impl {
       config_error = error{errc::config_invalid, "HTTP metadata URL \"" + config.connection + "\" has a query"};
       return;
     }
-    auto ep = net::parse_peer_address(authority, 80);
+    auto ep = wire::parse_peer_address(authority, 80);
     if (!ep) {
       config_error = error{errc::config_invalid, "HTTP metadata URL \"" + config.connection + "\": " + ep.error().detail};
       return;
@@ -65,7 +65,7 @@ struct http::impl {
   error unexpected(std::string_view method, const detail::http_reply& r) const {
     std::string body = r.body.substr(0, 200);
     while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
-    return error{errc::metadata_unavailable, std::string(method) + " " + net::format_peer_address(server.host, server.port) +
+    return error{errc::metadata_unavailable, std::string(method) + " " + wire::format_peer_address(server.host, server.port) +
                                                  path + " answered HTTP " + std::to_string(r.status) + ": " + body};
   }
 };

@@ -4,7 +4,7 @@
 
 #include "tls_context.hpp"
 
-#include <tide/net/address.hpp>
+#include <tide/wire/address.hpp>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -153,7 +153,7 @@ result<http_reply> exchange(asio::io_context& ctx, Stream& stream, const std::ve
 result<http_reply> http_request(std::string_view host, std::uint16_t port, std::string_view method,
                                 std::string_view target, std::string_view body, std::string_view content_type,
                                 std::chrono::milliseconds timeout, const http_request_options& options) try {
-  const std::string where = net::format_peer_address(host, port);
+  const std::string where = wire::format_peer_address(host, port);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const bhttp::verb verb = bhttp::string_to_verb(beast::string_view{method.data(), method.size()});
   if (verb == bhttp::verb::unknown) return fail(errc::invalid_argument, "HTTP method " + std::string(method));
@@ -202,9 +202,9 @@ result<http_reply> http_request(std::string_view host, std::uint16_t port, std::
   beast::tcp_stream stream{ctx};
   return exchange(ctx, stream, endpoints, host, where, nullptr, deadline, req);
 } catch (const std::bad_alloc&) {
-  return fail(errc::out_of_memory, "HTTP request to " + net::format_peer_address(host, port));
+  return fail(errc::out_of_memory, "HTTP request to " + wire::format_peer_address(host, port));
 } catch (const std::exception& e) {
-  return fail(errc::metadata_unavailable, "HTTP request to " + net::format_peer_address(host, port) + ": " + e.what());
+  return fail(errc::metadata_unavailable, "HTTP request to " + wire::format_peer_address(host, port) + ": " + e.what());
 }
 
 result<std::string> read_secret_file(std::string_view field, const std::string& path) {

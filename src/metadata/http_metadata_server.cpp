@@ -5,7 +5,7 @@
 #include "http_client.hpp"
 
 #include <tide/detail/log.hpp>
-#include <tide/net/address.hpp>
+#include <tide/wire/address.hpp>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -364,11 +364,11 @@ result<http_metadata_server> http_metadata_server::start(http_metadata_server_co
     if (!ec) p->acceptor.bind(ep, ec);
     if (!ec) p->acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec == asio::error::address_in_use) {
-      return fail(errc::already_exists, net::format_peer_address(p->cfg.host, p->cfg.port) + " is in use");
+      return fail(errc::already_exists, wire::format_peer_address(p->cfg.host, p->cfg.port) + " is in use");
     }
     if (ec) {
       return fail(errc::metadata_unavailable,
-                  "cannot listen on " + net::format_peer_address(p->cfg.host, p->cfg.port) + ": " + ec.message());
+                  "cannot listen on " + wire::format_peer_address(p->cfg.host, p->cfg.port) + ": " + ec.message());
     }
     p->port = p->acceptor.local_endpoint().port();
     p->accept_next();
