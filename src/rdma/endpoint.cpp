@@ -193,7 +193,10 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
     wr.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     wr.sg_list = &sges[k];
     wr.num_sge = 1;
-    if (++l.since_signal >= interval) {
+    // Every READ is signaled: on Soft-RoCE an unsignaled READ's data was seen
+    // to land after a later signaled READ completed (the 16-peer rxe test);
+    // WRITEs keep selective signaling.
+    if (++l.since_signal >= interval || !write) {
       wr.send_flags = IBV_SEND_SIGNALED;
       l.since_signal = 0;
     }
@@ -233,14 +236,32 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
   return errc::ok;
 }
 
-std::uint32_t endpoint::complete_through(std::uint32_t i, const detail::slice* s) noexcept {
+std::uint32_t endpoint::complete_through(std::uint32_t i, const detail::slice* s, detail::slice** unknown) noexcept {
   lane_qp& l = lanes_[i];
   std::uint32_t n = 0;
+  {
+    // A completion must name a slice in this ring; anything else would retire
+    // WRs still on the wire.
+    bool found = false;
+    for (std::uint32_t k = 0, m = l.ring.size(); k < m && !found; ++k) found = l.ring.at(k) == s;
+    if (!found) [[unlikely]] {
+      TIDE_LOG_ERROR("endpoint " << peer_nic_path_ << ": completion for a slice not in QP " << i << "'s ring (size "
+                                 << l.ring.size() << ")");
+      return 0;
+    }
+  }
+  detail::slice** link = unknown;
   while (!l.ring.empty()) {
     detail::slice* f = l.ring.pop();
     ++n;
     if (f == s) break;
-    detail::retire_slice(*f, errc::ok);
+    if (unknown == nullptr) {
+      detail::retire_slice(*f, errc::ok);
+    } else {
+      f->next = nullptr;
+      *link = f;
+      link = &f->next;
+    }
   }
   return n;
 }
