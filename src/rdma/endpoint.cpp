@@ -99,11 +99,12 @@ result<peer_route> endpoint::route_to(const handshake_desc& peer) const {
                                              std::to_string(qps_.size()) + " (num_qp_per_ep = lanes), " +
                                              peer.local_nic_path + " has " + std::to_string(peer.qp_num.size()));
   if (!peer.local_gid) return fail(errc::handshake_rejected, "peer " + peer.local_nic_path + " sent no GID");
-  // A peer without tide's mtu field (Mooncake) gets 1024, the smallest MTU
-  // every RoCE/IB port runs (finding 19: assuming our own MTU fails RC on a
-  // peer whose port is smaller).
+  // A peer without tide's mtu field (Mooncake) sends at its own active MTU,
+  // unnegotiated; assuming 1024 (finding 19's suggestion) makes our responder
+  // drop its larger packets (the interop suite showed it), so such a peer is
+  // assumed to run ours, as Mooncake itself assumes.
   const ibv_mtu peer_mtu =
-      peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(IBV_MTU_1024) : IBV_MTU_1024;
+      peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(params_.mtu) : params_.mtu;
   peer_route r;
   r.base.dgid.raw = peer.local_gid->raw;
   r.base.lid = peer.local_lid;
