@@ -100,11 +100,12 @@ result<peer_route> endpoint::route_to(const handshake_desc& peer) const {
                                              std::to_string(qps_.size()) + " (num_qp_per_ep = lanes), " +
                                              peer.local_nic_path + " has " + std::to_string(peer.qp_num.size()));
   if (!peer.local_gid) return fail(errc::handshake_rejected, "peer " + peer.local_nic_path + " sent no GID");
-  // A peer without tide's mtu field (Mooncake) gets 1024, the smallest MTU
-  // every RoCE/IB port runs (finding 19: assuming our own MTU fails RC on a
-  // peer whose port is smaller).
+  // A peer without tide's mtu field (Mooncake) sends at its own active MTU,
+  // unnegotiated; assuming 1024 (finding 19's suggestion) makes our responder
+  // drop its larger packets (the interop suite showed it), so such a peer is
+  // assumed to run ours, as Mooncake itself assumes.
   const ibv_mtu peer_mtu =
-      peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(IBV_MTU_1024) : IBV_MTU_1024;
+      peer.mtu ? verbs::mtu_from_bytes(static_cast<int>(*peer.mtu)).value_or(params_.mtu) : params_.mtu;
   peer_route r;
   r.base.dgid.raw = peer.local_gid->raw;
   r.base.lid = peer.local_lid;
@@ -194,7 +195,10 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
     wr.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     wr.sg_list = &sges[k];
     wr.num_sge = 1;
-    if (++l.since_signal >= interval) {
+    // Every READ is signaled: on Soft-RoCE an unsignaled READ's data was seen
+    // to land after a later signaled READ completed (the 16-peer rxe test);
+    // WRITEs keep selective signaling.
+    if (++l.since_signal >= interval || !write) {
       wr.send_flags = IBV_SEND_SIGNALED;
       l.since_signal = 0;
     }
@@ -234,14 +238,32 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
   return errc::ok;
 }
 
-std::uint32_t endpoint::complete_through(std::uint32_t i, const detail::slice* s) noexcept {
+std::uint32_t endpoint::complete_through(std::uint32_t i, const detail::slice* s, detail::slice** unknown) noexcept {
   lane_qp& l = lanes_[i];
   std::uint32_t n = 0;
+  {
+    // A completion must name a slice in this ring; anything else would retire
+    // WRs still on the wire.
+    bool found = false;
+    for (std::uint32_t k = 0, m = l.ring.size(); k < m && !found; ++k) found = l.ring.at(k) == s;
+    if (!found) [[unlikely]] {
+      TIDE_LOG_ERROR("endpoint " << peer_nic_path_ << ": completion for a slice not in QP " << i << "'s ring (size "
+                                 << l.ring.size() << ")");
+      return 0;
+    }
+  }
+  detail::slice** link = unknown;
   while (!l.ring.empty()) {
     detail::slice* f = l.ring.pop();
     ++n;
     if (f == s) break;
-    detail::retire_wr(*f, errc::ok);
+    if (unknown == nullptr) {
+      detail::retire_wr(*f, errc::ok);
+    } else {
+      f->next = nullptr;
+      *link = f;
+      link = &f->next;
+    }
   }
   return n;
 }

@@ -212,9 +212,13 @@ TEST_CASE("16 peers, max_cqe 64, send queues of 16: no lost completion, no TIMEO
                                                    segs[p], 0, k * len, len));
     }
     run_batch(*a, reqs);
-    for (int p = 0; p < kPeers; ++p)
-      REQUIRE_MESSAGE(std::memcmp(src.data + p * kPer, mem[p]->data, kPer) == 0,
-                      (write ? "WRITE" : "READ") << " round " << round << " peer " << p << " differs");
+    for (int p = 0; p < kPeers; ++p) {
+      std::size_t first = kPer;
+      for (std::size_t x = 0; x < kPer && first == kPer; ++x)
+        if (src.data[p * kPer + x] != mem[p]->data[x]) first = x;
+      REQUIRE_MESSAGE(first == kPer, (write ? "WRITE" : "READ") << " round " << round << " peer " << p
+                                                                << " differs from byte " << first);
+    }
     checked += kPeers * kPer;
   }
   MESSAGE("checked " << checked << " bytes over " << kPeers << " peers, CQ of 64 entries per lane");

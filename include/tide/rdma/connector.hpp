@@ -124,11 +124,14 @@ class connector {
         ctx_.retire_endpoint(*h);
         return reject("cannot connect the QPs: " + r.error().message());
       }
-      if (req.ready_ack.has_value()) {
-        e.set_ack_deadline(std::chrono::steady_clock::now() + ctx_.ready_ack_timeout());
-        e.set_state(endpoint_state::connected_wait_ready_ack);
-      } else {
-        e.set_state(endpoint_state::connected);
+      if (req.ready_ack.has_value()) e.set_ack_deadline(std::chrono::steady_clock::now() + ctx_.ready_ack_timeout());
+      // CAS: an eviction meanwhile (destroying) must not be undone.
+      if (!e.transition(endpoint_state::establishing, req.ready_ack.has_value()
+                                                         ? endpoint_state::connected_wait_ready_ack
+                                                         : endpoint_state::connected)) {
+        setup.unlock();
+        ctx_.lanes().wake_all();
+        return reject("endpoint to " + req.local_nic_path + " was closed while connecting; retry");
       }
       setup.unlock();
       ctx_.lanes().wake_all();
@@ -222,9 +225,11 @@ class connector {
       fail_connect(e, r.error().code, r.error().message());
       return;
     }
-    e.set_state(endpoint_state::connected);
+    // CAS: an eviction meanwhile (destroying) must not be undone.
+    const bool up = e.transition(endpoint_state::establishing, endpoint_state::connected);
     setup.unlock();
     ctx_.lanes().wake_all();
+    if (!up) return;
     if (reply->ready_ack.has_value()) {
       auto ack = e.local_desc(true);
       ack.ready_ack = true;

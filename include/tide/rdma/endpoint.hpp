@@ -167,10 +167,14 @@ class endpoint {
                           std::size_t& bytes) noexcept;
 
   /// A completion for `s` (posted on QP i) arrived: pops the ring through
-  /// `s`; the unsignaled slices before it completed successfully (RC
-  /// completes a send queue in order) and are retired here.  Returns how
-  /// many entries left the ring (s included); `s` itself is the caller's.
-  std::uint32_t complete_through(std::uint32_t i, const detail::slice* s) noexcept;
+  /// `s`.  On success (`unknown` null) the unsignaled slices before it
+  /// completed too (RC completes a send queue in order) and are retired
+  /// here.  On an error completion their fate is unknown (a QP in ERR may
+  /// flush unsignaled WRs without a completion of their own, as Soft-RoCE
+  /// does): they are linked into `*unknown` for the caller to redo (READ and
+  /// WRITE are idempotent).  Returns how many entries left the ring (s
+  /// included); `s` itself is the caller's.
+  std::uint32_t complete_through(std::uint32_t i, const detail::slice* s, detail::slice** unknown = nullptr) noexcept;
   /// Takes every slice still in QP i's ring (CQ error: no completion will
   /// come); the caller fails them.  Returns the chain (linked by next).
   [[nodiscard]] detail::slice* take_ring(std::uint32_t i) noexcept;

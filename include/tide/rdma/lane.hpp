@@ -391,10 +391,17 @@ class lane {
       // The QP is in ERR now: retire the endpoint (every lane flushes its QP)
       // and redo the slice elsewhere.
       ctx_.retire_endpoint_ptr(e);
-      const std::uint32_t done = e->complete_through(index_, s);
+      detail::slice* unknown = nullptr;
+      const std::uint32_t done = e->complete_through(index_, s, &unknown);
       cq_used_ -= std::min(cq_used_, done);
       e->release(done);
       forget_if_idle(e);
+      for (detail::slice* u = unknown; u != nullptr;) {
+        detail::slice* next = u->next;
+        u->next = nullptr;
+        ctx_.on_slice_failed(*u, errc::work_request_flushed);
+        u = next;
+      }
       ctx_.on_slice_failed(*s, err);
     }
     return n;

@@ -37,6 +37,8 @@ class posted_ring {
   /// Removes the last `n` pushes (a post that the device refused).
   void unpush(std::uint32_t n) noexcept { tail_ -= n; }
   [[nodiscard]] slice* front() const noexcept { return buf_[head_ & (cap_ - 1)]; }
+  /// The k-th slice from the front (k < size()).
+  [[nodiscard]] slice* at(std::uint32_t k) const noexcept { return buf_[(head_ + k) & (cap_ - 1)]; }
   slice* pop() noexcept { return buf_[head_++ & (cap_ - 1)]; }
 
  private:
