@@ -7,7 +7,8 @@ TIDE_BUILD=${TIDE_BUILD:-$TIDE_ROOT/build}
 # What building and testing tide needs; the VM's own needs are tools/rxe-vm's.
 TIDE_PACKAGES=(meson ninja-build g++ pkg-config cmake libibverbs-dev librdmacm-dev libnuma-dev
                libboost-dev nlohmann-json3-dev doctest-dev libexpected-dev iproute2
-               etcd-server curl clang libclang-rt-14-dev)
+               etcd-server curl clang libclang-rt-14-dev
+               libssl-dev openssl)
 
 tide_say() { echo "[tide] $*" >&2; }
 tide_die() { tide_say "ERROR: $*"; exit 1; }

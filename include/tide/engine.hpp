@@ -45,7 +45,7 @@ struct engine_config {
   /// This host as peers reach it.  In p2p mode the segment name is
   /// "<local_server_name>:<handshake port>" (a port given here is replaced).
   std::string local_server_name = "127.0.0.1";
-  /// "P2PHANDSHAKE", "etcd://h:p[,h:p]", "http://h:p/path", or "" (in-process).
+  /// "P2PHANDSHAKE", "etcd://h:p[,h:p]" (etcds:// for TLS), "http://h:p/path", or "" (in-process).
   std::string metadata = "P2PHANDSHAKE";
   std::string cluster_id;                  ///< optional metadata key prefix
   std::vector<std::string> devices;        ///< NICs to use; empty = every HCA
@@ -74,11 +74,22 @@ struct engine_config {
   std::string custom_topology_json;        ///< priority matrix override
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
+  /// etcd over TLS and etcd auth: see metadata_config (backend.hpp).
+  /// "etcds://h:p[,h:p]" or any of the three files turns TLS on.
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
+  bool etcd_verify_server = true;          ///< false only to skip the certificate check
+  std::string etcd_user;
+  std::string etcd_password_file;
+  /// http metadata: bearer token file for tide-metadata-server's PUT/DELETE.
+  std::string metadata_token_file;
 
   /// Applies TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
   /// RETRY_CNT, QP_RETRY_CNT, QP_TIMEOUT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON,
-  /// METADATA_CLUSTER_ID.
+  /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
+  /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE.
   /// Errors: config_invalid naming the variable.
   [[nodiscard]] status apply_env();
 };

@@ -49,6 +49,13 @@ status engine_config::apply_env() {
   transfer_timeout = std::chrono::milliseconds(timeout_ms);
   if (const char* v = env("CUSTOM_TOPO_JSON", which)) custom_topology_json = v;
   if (const char* v = env("METADATA_CLUSTER_ID", which)) cluster_id = v;
+  if (const char* v = env("ETCD_CA_FILE", which)) etcd_ca_file = v;
+  if (const char* v = env("ETCD_CERT_FILE", which)) etcd_cert_file = v;
+  if (const char* v = env("ETCD_KEY_FILE", which)) etcd_key_file = v;
+  if (auto r = number("ETCD_VERIFY_SERVER", etcd_verify_server, 0, 1); !r) return r;
+  if (const char* v = env("ETCD_USER", which)) etcd_user = v;
+  if (const char* v = env("ETCD_PASSWORD_FILE", which)) etcd_password_file = v;
+  if (const char* v = env("METADATA_TOKEN_FILE", which)) metadata_token_file = v;
   return {};
 }
 

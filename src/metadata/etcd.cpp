@@ -2,26 +2,52 @@
 
 #include "etcd_codec.hpp"
 #include "http_client.hpp"
+#include "tls_context.hpp"
 
 #include <tide/detail/log.hpp>
 #include <tide/metadata/descriptors.hpp>
 #include <tide/net/address.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <optional>
 #include <vector>
 
 namespace tide::policy {
+namespace {
 
+// The start of an error reply, for an error detail.
+std::string snippet(const std::string& body) {
+  std::string s = body.substr(0, 200);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+// Owned by the etcd object; every member but `token` is written only by the
+// constructor, `token` is guarded by token_mu, so calls may come from any
+// thread at once.
 struct etcd::impl {
   metadata_config config;
   std::vector<net::peer_address> endpoints;
   std::optional<error> config_error;
   std::atomic<std::size_t> preferred{0};  // the endpoint that answered last
+  std::shared_ptr<const detail::tls_client_context> tls;  // null: plain http
+  std::string password;  // never logged or put in an error
+
+  std::mutex token_mu;
+  std::string token;  // etcd auth token; empty: authenticate first
 
   explicit impl(const metadata_config& c) : config(c) {
     std::string_view s = config.connection;
-    if (s.starts_with("etcd://")) s.remove_prefix(7);
+    bool want_tls = false;
+    if (s.starts_with("etcds://")) {
+      s.remove_prefix(8);
+      want_tls = true;
+    } else if (s.starts_with("etcd://")) {
+      s.remove_prefix(7);
+    }
     while (!s.empty()) {
       const auto comma = s.find(',');
       const std::string_view item = s.substr(0, comma);
@@ -36,9 +62,95 @@ struct etcd::impl {
     }
     if (endpoints.empty()) {
       config_error = error{errc::config_invalid, "no etcd endpoint in \"" + config.connection + "\""};
-    } else if (config.timeout.count() <= 0) {
-      config_error = error{errc::config_invalid, "metadata timeout must be > 0"};
+      return;
     }
+    if (config.timeout.count() <= 0) {
+      config_error = error{errc::config_invalid, "metadata timeout must be > 0"};
+      return;
+    }
+    want_tls = want_tls || !config.etcd_ca_file.empty() || !config.etcd_cert_file.empty() ||
+               !config.etcd_key_file.empty();
+    if (want_tls) {
+      auto ctx = detail::tls_client_context::load({.ca_file = config.etcd_ca_file,
+                                                   .cert_file = config.etcd_cert_file,
+                                                   .key_file = config.etcd_key_file,
+                                                   .verify_server = config.etcd_verify_server,
+                                                   .field_prefix = "etcd_"});
+      if (!ctx) {
+        config_error = ctx.error();
+        return;
+      }
+      tls = std::move(*ctx);
+      if (!config.etcd_verify_server) {
+        TIDE_LOG_WARN("etcd: etcd_verify_server is off: the server's certificate is not checked, so anyone on the "
+                      "path can pose as etcd");
+      }
+    }
+    if (config.etcd_user.empty() != config.etcd_password_file.empty()) {
+      config_error = error{errc::config_invalid, config.etcd_user.empty()
+                                                     ? "etcd_password_file is set but etcd_user is not"
+                                                     : "etcd_user is set but etcd_password_file is not"};
+      return;
+    }
+    if (!config.etcd_user.empty()) {
+      auto pw = detail::read_secret_file("etcd_password_file", config.etcd_password_file);
+      if (!pw) {
+        config_error = pw.error();
+        return;
+      }
+      password = std::move(*pw);
+    }
+  }
+
+  [[nodiscard]] bool uses_auth() const noexcept { return !config.etcd_user.empty(); }
+
+  std::string current_token() {
+    std::lock_guard lock{token_mu};
+    return token;
+  }
+
+  // POST /v3/auth/authenticate on `ep`; stores and returns the new token.
+  result<std::string> authenticate(const net::peer_address& ep) {
+    const std::string where = net::format_peer_address(ep.host, ep.port);
+    auto reply = detail::http_request(ep.host, ep.port, "POST", "/v3/auth/authenticate",
+                                      detail::etcd_authenticate_request(config.etcd_user, password), "application/json",
+                                      config.timeout, {.tls = tls, .authorization = {}});
+    if (!reply) return fail(reply.error());
+    if (reply->status != 200) {
+      std::string why = "etcd authentication as user \"" + config.etcd_user + "\" at " + where + " failed: HTTP " +
+                        std::to_string(reply->status) + ": " + snippet(reply->body);
+      if (reply->body.find("CommonName of client") != std::string::npos) {
+        why += " (with auth on, etcd's JSON gateway needs an etcd_cert_file without a Common Name)";
+      }
+      return fail(errc::metadata_unavailable, why);
+    }
+    auto t = detail::parse_etcd_token(reply->body);
+    if (!t) return fail(errc::metadata_unavailable, "etcd authentication reply from " + where + ": " + t.error().detail);
+    std::lock_guard lock{token_mu};
+    token = *t;
+    return std::move(*t);
+  }
+
+  // One request to one endpoint, authenticated when a user is configured:
+  // a missing token is fetched first; a token etcd rejects (expired, or the
+  // member restarted) is replaced once.
+  result<detail::http_reply> post(const net::peer_address& ep, std::string_view path, const std::string& body) {
+    detail::http_request_options options{.tls = tls, .authorization = {}};
+    if (uses_auth()) {
+      options.authorization = current_token();
+      if (options.authorization.empty()) {
+        auto t = authenticate(ep);
+        if (!t) return fail(t.error());
+        options.authorization = std::move(*t);
+      }
+    }
+    auto reply = detail::http_request(ep.host, ep.port, "POST", path, body, "application/json", config.timeout, options);
+    if (!uses_auth() || !reply || reply->status != 401) return reply;
+    TIDE_LOG_DEBUG("etcd " << path << ": token rejected (" << reply->body.substr(0, 120) << "), authenticating again");
+    auto t = authenticate(ep);
+    if (!t) return fail(t.error());
+    options.authorization = std::move(*t);
+    return detail::http_request(ep.host, ep.port, "POST", path, body, "application/json", config.timeout, options);
   }
 
   // POSTs `body` to `path` on each endpoint in turn, starting with the last
@@ -51,13 +163,16 @@ struct etcd::impl {
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = (first + k) % n;
       const auto& ep = endpoints[i];
-      auto reply = detail::http_request(ep.host, ep.port, "POST", path, body, "application/json", config.timeout);
+      auto reply = post(ep, path, body);
       std::string why;
       if (!reply) {
         why = reply.error().detail;
       } else if (reply->status != 200) {
         why = net::format_peer_address(ep.host, ep.port) + " answered HTTP " + std::to_string(reply->status) + ": " +
-              reply->body.substr(0, 200);
+              snippet(reply->body);
+        if (reply->body.find("CommonName of client") != std::string::npos) {
+          why += " (with auth on, etcd's JSON gateway needs an etcd_cert_file without a Common Name)";
+        }
       } else {
         if (i != first) preferred.store(i, std::memory_order_relaxed);
         return std::move(reply->body);

@@ -101,6 +101,21 @@ std::string etcd_put_request(std::string_view key, std::string_view value) {
   return dump(json{{"key", base64_encode(key)}, {"value", base64_encode(value)}});
 }
 
+std::string etcd_authenticate_request(std::string_view user, std::string_view password) {
+  return dump(json{{"name", user}, {"password", password}});
+}
+
+result<std::string> parse_etcd_token(std::string_view body) try {
+  auto r = parse_object(body);
+  if (!r) return tl::unexpected(std::move(r.error()));
+  auto token = r->find("token");
+  if (token == r->end()) return malformed("token", "missing");
+  if (!token->is_string() || token->get_ref<const std::string&>().empty()) return wrong_type(*token, "token", "a non-empty string");
+  return token->get<std::string>();
+} catch (const std::exception& e) {
+  return malformed("etcd reply", e.what());
+}
+
 result<std::optional<std::string>> parse_etcd_range(std::string_view body) try {
   json root;
   {

@@ -20,6 +20,11 @@ namespace tide::detail {
 /// {"key":"<b64>","value":"<b64>"}
 [[nodiscard]] std::string etcd_put_request(std::string_view key, std::string_view value);
 
+/// {"name":"<user>","password":"<password>"} for /v3/auth/authenticate.
+[[nodiscard]] std::string etcd_authenticate_request(std::string_view user, std::string_view password);
+/// The "token" of a /v3/auth/authenticate reply.
+[[nodiscard]] result<std::string> parse_etcd_token(std::string_view body);
+
 /// The value of the first kv in a /v3/kv/range reply; nullopt when there is
 /// none.  errc::metadata_malformed when the reply is not what etcd sends.
 [[nodiscard]] result<std::optional<std::string>> parse_etcd_range(std::string_view body);

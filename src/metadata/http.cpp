@@ -14,6 +14,7 @@ struct http::impl {
   net::peer_address server;
   std::string path;
   std::optional<error> config_error;
+  std::string bearer;  // "Bearer <token>" for PUT/DELETE; never logged
 
   explicit impl(const metadata_config& c) : config(c) {
     std::string_view s = config.connection;
@@ -36,21 +37,36 @@ struct http::impl {
       return;
     }
     server = std::move(*ep);
-    if (config.timeout.count() <= 0) config_error = error{errc::config_invalid, "metadata timeout must be > 0"};
+    if (config.timeout.count() <= 0) {
+      config_error = error{errc::config_invalid, "metadata timeout must be > 0"};
+      return;
+    }
+    if (!config.token_file.empty()) {
+      auto token = detail::read_secret_file("metadata_token_file", config.token_file);
+      if (!token) {
+        config_error = token.error();
+        return;
+      }
+      bearer = "Bearer " + *token;
+    }
   }
 
   result<detail::http_reply> request(std::string_view method, std::string_view key, std::string_view body) {
     if (config_error) return fail(*config_error);
     const std::string target = path + "?key=" + detail::url_escape(key);
+    // GET stays open (Mooncake peers read without a token); writes carry it.
+    detail::http_request_options options;
+    if (method != "GET") options.authorization = bearer;
     return detail::http_request(server.host, server.port, method, target, body,
                                 body.empty() ? std::string_view{} : std::string_view{"application/json"},
-                                config.timeout);
+                                config.timeout, options);
   }
 
   error unexpected(std::string_view method, const detail::http_reply& r) const {
+    std::string body = r.body.substr(0, 200);
+    while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
     return error{errc::metadata_unavailable, std::string(method) + " " + net::format_peer_address(server.host, server.port) +
-                                                 path + " answered HTTP " + std::to_string(r.status) + ": " +
-                                                 r.body.substr(0, 200)};
+                                                 path + " answered HTTP " + std::to_string(r.status) + ": " + body};
   }
 };
 

@@ -15,7 +15,10 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 
+#include <array>
 #include <atomic>
 #include <future>
 #include <map>
@@ -52,8 +55,17 @@ struct http_metadata_server::impl {
   bool closed = false;
   std::vector<std::weak_ptr<http_session>> sessions;
 
+  // SHA-256 of the whole "Bearer <token>" header value; compared in
+  // constant time.  Set before the thread starts, read-only after.
+  bool token_required = false;
+  std::array<unsigned char, SHA256_DIGEST_LENGTH> bearer_digest{};
+
   mutable std::mutex kv_mu;
-  std::map<std::string, std::string, std::less<>> kv;
+  std::map<std::string, std::string, std::less<>> kv;  // guarded by kv_mu
+  std::size_t stored = 0;                              // keys + values, guarded by kv_mu
+
+  [[nodiscard]] bool authorized(const bhttp::request<bhttp::string_body>& req) const;
+  void refuse_connection(tcp::socket& sock);
 
   void accept_next();
   bhttp::response<bhttp::string_body> handle(const bhttp::request<bhttp::string_body>& req);
@@ -72,14 +84,15 @@ class http_session : public std::enable_shared_from_this<http_session> {
  private:
   void read() {
     parser_.emplace();
-    parser_->body_limit(srv_.cfg.max_body);
-    stream_.expires_after(srv_.cfg.idle_timeout);
+    parser_->body_limit(srv_.cfg.max_value_bytes);
+    stream_.expires_after(srv_.cfg.request_timeout);
     bhttp::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](const error_code& ec, std::size_t) {
       self->on_read(ec);
     });
   }
 
   void on_read(const error_code& ec) {
+    if (srv_.closed) return;  // stop() closed the socket; nothing to report
     if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted) return close();
     if (ec) {
       if (ec != beast::error::timeout && ec != asio::error::connection_reset) {
@@ -87,7 +100,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
       }
       // A request over the body limit still deserves an answer.
       if (ec == bhttp::error::body_limit) {
-        respond(error_reply(bhttp::status::payload_too_large, "body too large\n"), false);
+        respond(error_reply(bhttp::status::payload_too_large,
+                            "value too large: over max_value_bytes = " + std::to_string(srv_.cfg.max_value_bytes) + "\n"),
+                false);
         return;
       }
       return close();
@@ -108,7 +123,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void respond(bhttp::response<bhttp::string_body> res, bool keep_alive) {
     res_ = std::move(res);
     res_.keep_alive(keep_alive);
-    stream_.expires_after(srv_.cfg.idle_timeout);
+    stream_.expires_after(srv_.cfg.request_timeout);
     bhttp::async_write(stream_, res_, [self = shared_from_this(), keep_alive](const error_code& ec, std::size_t) {
       if (ec || !keep_alive) return self->close();
       self->read();
@@ -140,7 +155,37 @@ std::optional<std::string_view> query_param(std::string_view query, std::string_
   return std::nullopt;
 }
 
+std::array<unsigned char, SHA256_DIGEST_LENGTH> sha256(std::string_view text) {
+  std::array<unsigned char, SHA256_DIGEST_LENGTH> d{};
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), d.data());
+  return d;
+}
+
 }  // namespace
+
+bool http_metadata_server::impl::authorized(const bhttp::request<bhttp::string_body>& req) const {
+  if (!token_required) return true;
+  const auto it = req.find(bhttp::field::authorization);
+  if (it == req.end()) return false;
+  // Digests of equal length: the comparison time does not depend on where,
+  // or whether, the offered value differs.
+  const auto offered = sha256(std::string_view{it->value().data(), it->value().size()});
+  return CRYPTO_memcmp(offered.data(), bearer_digest.data(), offered.size()) == 0;
+}
+
+// Over max_connections: a 503 naming the bound if the socket takes it at
+// once (it is a few bytes on a fresh connection), then close; never waits.
+void http_metadata_server::impl::refuse_connection(tcp::socket& sock) {
+  const std::string body = "too many connections: max_connections = " + std::to_string(cfg.max_connections) + "\n";
+  const std::string reply = "HTTP/1.1 503 Service Unavailable\r\nServer: tide-metadata-server\r\n"
+                            "Content-Type: text/plain\r\nConnection: close\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+  error_code ignored;
+  sock.non_blocking(true, ignored);
+  sock.write_some(asio::buffer(reply), ignored);
+  sock.shutdown(tcp::socket::shutdown_send, ignored);
+  sock.close(ignored);
+}
 
 bhttp::response<bhttp::string_body> http_metadata_server::impl::handle(const bhttp::request<bhttp::string_body>& req) {
   auto reply = [&req](bhttp::status s, std::string body, const char* type = "text/plain") {
@@ -161,6 +206,16 @@ bhttp::response<bhttp::string_body> http_metadata_server::impl::handle(const bht
   auto key = detail::url_unescape(*raw_key);
   if (!key) return reply(bhttp::status::bad_request, key.error().detail + "\n");
 
+  const bool write = req.method() == bhttp::verb::put || req.method() == bhttp::verb::delete_;
+  if (write && !authorized(req)) {
+    auto res = reply(bhttp::status::unauthorized,
+                     req.find(bhttp::field::authorization) == req.end()
+                         ? "PUT and DELETE need Authorization: Bearer <token>\n"
+                         : "wrong token\n");
+    res.set(bhttp::field::www_authenticate, "Bearer realm=\"tide-metadata\"");
+    return res;
+  }
+
   std::lock_guard lock{kv_mu};
   switch (req.method()) {
     case bhttp::verb::get: {
@@ -168,12 +223,30 @@ bhttp::response<bhttp::string_body> http_metadata_server::impl::handle(const bht
       if (it == kv.end()) return reply(bhttp::status::not_found, "metadata not found\n");
       return reply(bhttp::status::ok, it->second, "application/json");
     }
-    case bhttp::verb::put:
-      kv.insert_or_assign(std::move(*key), req.body());
+    case bhttp::verb::put: {
+      auto it = kv.find(*key);
+      const std::size_t before = it == kv.end() ? 0 : it->first.size() + it->second.size();
+      const std::size_t after = key->size() + req.body().size();
+      if (it == kv.end() && kv.size() >= cfg.max_keys) {
+        return reply(bhttp::status::insufficient_storage,
+                     "key limit reached: max_keys = " + std::to_string(cfg.max_keys) + "\n");
+      }
+      if (stored - before + after > cfg.max_total_bytes) {
+        return reply(bhttp::status::insufficient_storage,
+                     "store full: max_total_bytes = " + std::to_string(cfg.max_total_bytes) + "\n");
+      }
+      if (it == kv.end()) {
+        kv.emplace(std::move(*key), req.body());
+      } else {
+        it->second = req.body();
+      }
+      stored = stored - before + after;
       return reply(bhttp::status::ok, "metadata updated\n");
+    }
     case bhttp::verb::delete_: {
       auto it = kv.find(*key);
       if (it == kv.end()) return reply(bhttp::status::not_found, "metadata not found\n");
+      stored -= it->first.size() + it->second.size();
       kv.erase(it);
       return reply(bhttp::status::ok, "metadata deleted\n");
     }
@@ -197,8 +270,7 @@ void http_metadata_server::impl::accept_next() {
     std::erase_if(sessions, [](const std::weak_ptr<http_session>& w) { return w.expired(); });
     if (active.load(std::memory_order_relaxed) >= cfg.max_connections) {
       TIDE_LOG_WARN("tide-metadata-server: refusing a connection: " << cfg.max_connections << " open");
-      error_code ignored;
-      sock.close(ignored);
+      refuse_connection(sock);
     } else {
       active.fetch_add(1, std::memory_order_relaxed);
       auto s = std::make_shared<http_session>(*this, std::move(sock));
@@ -226,6 +298,12 @@ std::size_t http_metadata_server::key_count() const {
   if (!impl_) return 0;
   std::lock_guard lock{impl_->kv_mu};
   return impl_->kv.size();
+}
+
+std::size_t http_metadata_server::stored_bytes() const {
+  if (!impl_) return 0;
+  std::lock_guard lock{impl_->kv_mu};
+  return impl_->stored;
 }
 
 void http_metadata_server::stop() noexcept {
@@ -258,8 +336,28 @@ result<http_metadata_server> http_metadata_server::start(http_metadata_server_co
   error_code ec;
   const auto addr = asio::ip::make_address(config.host, ec);
   if (ec) return fail(errc::config_invalid, "metadata server host \"" + config.host + "\" is not an IP address");
+  for (const auto& [name, value] : {std::pair<const char*, std::size_t>{"max_value_bytes", config.max_value_bytes},
+                                    {"max_keys", config.max_keys},
+                                    {"max_total_bytes", config.max_total_bytes},
+                                    {"max_connections", config.max_connections}}) {
+    if (value == 0) return fail(errc::config_invalid, std::string("metadata server ") + name + " must be > 0");
+  }
+  if (config.request_timeout.count() <= 0) {
+    return fail(errc::config_invalid, "metadata server request_timeout must be > 0");
+  }
+  std::string token;
+  if (!config.token_file.empty()) {
+    auto t = detail::read_secret_file("token_file", config.token_file);
+    if (!t) return fail(t.error());
+    token = std::move(*t);
+  }
   try {
     auto p = std::make_unique<impl>(std::move(config));
+    if (!token.empty()) {
+      p->token_required = true;
+      p->bearer_digest = sha256("Bearer " + token);
+      OPENSSL_cleanse(token.data(), token.size());
+    }
     const tcp::endpoint ep{addr, p->cfg.port};
     p->acceptor.open(ep.protocol(), ec);
     if (!ec) p->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);

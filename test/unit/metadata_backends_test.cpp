@@ -257,6 +257,7 @@ TEST_CASE("http: server down -> metadata_unavailable within the timeout; back on
 
   // A stopped (SIGSTOP) server accepts nothing: bounded by the timeout.
   server.process().signal(SIGSTOP);
+  REQUIRE(tide::test::wait_stopped(server.process().pid()));
   t0 = clock_type::now();
   auto hung = b.get_segment("s");
   server.process().signal(SIGCONT);

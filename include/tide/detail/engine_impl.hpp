@@ -90,6 +90,13 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   mc.connection = e->cfg_.metadata;
   mc.cluster_id = e->cfg_.cluster_id;
   mc.timeout = e->cfg_.metadata_timeout;
+  mc.etcd_ca_file = e->cfg_.etcd_ca_file;
+  mc.etcd_cert_file = e->cfg_.etcd_cert_file;
+  mc.etcd_key_file = e->cfg_.etcd_key_file;
+  mc.etcd_verify_server = e->cfg_.etcd_verify_server;
+  mc.etcd_user = e->cfg_.etcd_user;
+  mc.etcd_password_file = e->cfg_.etcd_password_file;
+  mc.token_file = e->cfg_.metadata_token_file;
   e->cache_ = std::make_unique<segment_cache<metadata_backend_type>>(mc);
 
   net::request_options ro;

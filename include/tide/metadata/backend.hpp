@@ -24,6 +24,22 @@ struct metadata_config {
   std::string cluster_id;
   /// Bound on every backend round trip (connect + request + reply).
   std::chrono::milliseconds timeout{3000};
+
+  /// etcd over TLS (policy::etcd): used when the connection is
+  /// "etcds://..." or any of the three files is set.  PEM files; an empty CA
+  /// file means the system's CA store.  The server's certificate must name
+  /// the endpoint's host or IP unless etcd_verify_server is false.
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
+  bool etcd_verify_server = true;
+  /// etcd user/password auth (with or without TLS); the file holds the
+  /// password (a trailing newline is ignored).
+  std::string etcd_user;
+  std::string etcd_password_file;
+  /// policy::http: a file holding the bearer token tide-metadata-server
+  /// requires for PUT and DELETE (its --token-file).
+  std::string token_file;
 };
 
 /// Requires: B is constructible from a metadata_config (a bad connection

@@ -6,14 +6,32 @@
 /// share one etcd.
 ///
 /// Connection string: "etcd://host:port[,host:port...]" (or the same without
-/// the scheme, as Mooncake accepts).  Each call starts with the endpoint that
+/// the scheme, as Mooncake accepts), or "etcds://..." for https.
+///
+/// TLS (metadata_config::etcd_*; OpenSSL through Boost.Asio SSL): on with
+/// etcds:// or when any of etcd_ca_file / etcd_cert_file / etcd_key_file is
+/// set.  The server's certificate is verified against etcd_ca_file (else the
+/// system store) and must name the endpoint (DNS SAN, or IP SAN for an IP
+/// endpoint) unless etcd_verify_server is false.  A client certificate and
+/// key are presented when given (etcd --client-cert-auth).  TLS 1.2+.
+/// Auth: with etcd_user and etcd_password_file, the backend gets a token from
+/// /v3/auth/authenticate on first use and sends it as the Authorization
+/// header; a token etcd rejects (HTTP 401: expired, member restarted) is
+/// replaced once per request.  The password never appears in errors or logs.
+/// etcd (3.4+) refuses gateway requests whose client certificate carries a
+/// Common Name while auth is on: with both, issue the certificate without one.  Each call starts with the endpoint that
 /// last answered and moves to the next on any failure (refused, timed out,
 /// HTTP error), so a cluster with a dead member keeps working.
 /// Timeouts: each endpoint attempt is bounded by config.timeout (connect +
 /// request + reply); a call therefore takes at most endpoints x timeout.
 /// Errors: errc::segment_not_found, errc::metadata_unavailable (every
-/// endpoint failed; the detail lists why), errc::config_invalid.
-/// Thread-safe: each call uses its own connection.
+/// endpoint failed; the detail lists why per endpoint, e.g. "TLS handshake
+/// with 127.0.0.1:2379 failed: certificate verify failed (...)", "etcd
+/// authentication as user \"root\" ... failed: HTTP 400: ..."),
+/// errc::config_invalid (bad connection string; an unreadable or mismatched
+/// CA / certificate / key / password file, naming the etcd_* field).
+/// Thread-safe: each call uses its own connection (and, with TLS, its own
+/// handshake); the auth token is shared under a mutex.
 
 #include <tide/metadata/backend.hpp>
 

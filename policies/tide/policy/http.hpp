@@ -7,9 +7,14 @@
 /// Keys: mooncake/[<cluster_id>/]ram/<segment>.
 ///
 /// Connection string: "http://host:port/path" (https is not supported).
+/// With config.token_file set, PUT and DELETE carry
+/// "Authorization: Bearer <token>" (tide-metadata-server --token-file); GET
+/// never does.  An unreadable or empty token file is errc::config_invalid.
 /// Timeouts: config.timeout bounds each call (connect + request + reply).
 /// Errors: errc::segment_not_found (404), errc::metadata_unavailable
-/// (unreachable, timed out, other HTTP status), errc::config_invalid.
+/// (unreachable, timed out, other HTTP status: 401 for a missing or wrong
+/// token, 413 / 507 / 503 for the server's bounds, with its reason),
+/// errc::config_invalid.
 /// Thread-safe: each call uses its own connection.
 
 #include <tide/metadata/backend.hpp>

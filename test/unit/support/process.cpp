@@ -264,4 +264,59 @@ std::size_t resident_bytes() {
   return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 }
 
+int run_to_completion(std::vector<std::string> argv, const std::string& log_path, std::chrono::milliseconds timeout) {
+  REQUIRE(!argv.empty());
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  REQUIRE_MESSAGE(fd >= 0, "cannot open " << log_path);
+  const pid_t pid = ::fork();
+  REQUIRE_MESSAGE(pid >= 0, "fork failed");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::size_t resident_bytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/statm");
+  std::size_t pages = 0;
+  std::size_t resident = 0;
+  if (!(in >> pages >> resident)) return 0;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  do {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "stat");
+      std::string stat{std::istreambuf_iterator<char>(in), {}};
+      // "pid (comm) S ...": the state follows the last ')'.
+      const auto paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') all = false;
+    }
+    if (!ec && all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
 }  // namespace tide::test

@@ -116,6 +116,19 @@ class scripted_server {
 /// Resident set size of this process in bytes (from /proc/self/statm).
 [[nodiscard]] std::size_t resident_bytes();
 
+/// Runs `argv` to completion (output to `log_path`), bounded by `timeout`
+/// (then SIGKILL); returns the exit status, or -1 when it was killed.
+int run_to_completion(std::vector<std::string> argv, const std::string& log_path,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+/// Resident set size of process `pid` in bytes (from /proc/<pid>/statm); 0
+/// when it cannot be read.
+[[nodiscard]] std::size_t resident_bytes(pid_t pid);
+
+/// Waits until every thread of `pid` is stopped (state T, after SIGSTOP):
+/// kill() returns before the stop takes effect.  False after `timeout`.
+[[nodiscard]] bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
 /// Milliseconds since `start`.
 [[nodiscard]] inline long long elapsed_ms(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
