@@ -85,13 +85,24 @@ struct engine_config {
   /// http metadata: bearer token file for tide-metadata-server's PUT/DELETE.
   std::string metadata_token_file;
 
-  /// Applies TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
+  /// Applies, in this order, the JSON file named by TIDE_CONFIG (apply_file)
+  /// and the TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
   /// RETRY_CNT, QP_RETRY_CNT, QP_TIMEOUT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON,
   /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
   /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE.
-  /// Errors: config_invalid naming the variable.
+  /// transfer_engine::create calls it.
+  /// Errors: config_invalid naming the variable (or the file and key).
   [[nodiscard]] status apply_env();
+
+  /// Sets the fields named in a JSON object file: keys are the field names
+  /// above ("slice_size", "devices", ...; durations as "<name>_ms", e.g.
+  /// "transfer_timeout_ms"), with the same ranges as the environment
+  /// overrides.  All or nothing.  Errors: config_invalid naming the file and
+  /// the key (unknown key, wrong type, out of range), or why it cannot be read.
+  [[nodiscard]] status apply_file(const std::string& path);
+  /// engine_config{} with apply_file(path).
+  [[nodiscard]] static result<engine_config> from_file(const std::string& path);
 };
 
 namespace detail {
@@ -115,6 +126,10 @@ struct buffer_entry {
 
 template <class P = default_policies>
 class transfer_engine {
+  // First, so a bad policy set fails here with the message naming the member
+  // to change, not deep inside the data path.
+  static_assert(check_policy_set<P>());
+
  public:
   using metadata_backend_type = typename detail::metadata_of<P>::type;
 
@@ -140,8 +155,18 @@ class transfer_engine {
   /// Errors: invalid_argument, zero_length, bad_location, already_registered,
   /// resource_exhausted / permission_denied (pinning), metadata errors.
   [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location = "*");
-  /// Errors: not_registered.
-  [[nodiscard]] status unregister_memory(void* addr);
+  /// With transfers in flight from the buffer: errc::busy naming how many
+  /// slices, unless `mode` says to wait for them (in_flight::drain; new
+  /// submits from the buffer fail at once) or to cancel them first
+  /// (in_flight::cancel).  A drain is bounded by transfer_timeout + 10 s.
+  /// Errors: not_registered, busy.
+  [[nodiscard]] status unregister_memory(void* addr, in_flight mode = in_flight::reject);
+  /// The stable id of the buffer registered at `addr`: peers address it
+  /// with transfer_request::in_buffer(op, src, segment, id, offset, len).
+  /// Ids count up from 0 per engine in registration order and are never
+  /// reused, so an id keeps naming the same buffer (or none) whatever is
+  /// registered or unregistered meanwhile.  Errors: not_registered.
+  [[nodiscard]] result<std::uint32_t> buffer_id(const void* addr) const { return transport_->buffer_id(addr); }
   /// All or nothing per buffer; one publish at the end.
   [[nodiscard]] status register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location = "*");
   [[nodiscard]] status unregister_memory_batch(std::span<void* const> addrs);
@@ -150,27 +175,49 @@ class transfer_engine {
   /// Looks the segment up (metadata) and returns its handle.  Errors:
   /// segment_not_found, metadata_unavailable, metadata_malformed.
   [[nodiscard]] result<segment_id> open_segment(std::string_view name);
-  /// Errors: unknown_segment.
-  [[nodiscard]] status close_segment(segment_id id);
+  /// With transfers to the segment in flight: errc::busy naming how many
+  /// slices, unless `mode` is in_flight::drain (wait for them) or
+  /// in_flight::cancel (cancel their tasks, then wait).  Errors:
+  /// unknown_segment, busy.
+  [[nodiscard]] status close_segment(segment_id id, in_flight mode = in_flight::reject);
   /// The descriptor of an open segment (to read buffer addresses).
   [[nodiscard]] result<std::shared_ptr<const segment_desc>> segment_descriptor(segment_id id) const;
 
   // ---- batches (hot path) ----
-  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) { return transport_->allocate_batch(capacity); }
+  // None of these throws; a failed allocation is errc::out_of_memory.
+  /// Errors: capacity_zero, resource_exhausted (max_batches reached), out_of_memory.
+  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) noexcept {
+    return transport_->allocate_batch(capacity);
+  }
   /// Errors: unknown_batch, batch_busy (unfinished tasks or slices in flight).
-  [[nodiscard]] status free_batch(batch_id b) { return transport_->free_batch(b); }
+  [[nodiscard]] status free_batch(batch_id b) noexcept { return transport_->free_batch(b); }
   /// Errors: unknown_batch, batch_full, zero_length, unregistered_source,
-  /// unknown_segment, out_of_bounds.  Nothing is submitted on an error.
-  [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) {
+  /// unknown_segment, out_of_bounds, out_of_memory.  Nothing is submitted on
+  /// an error.
+  [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) noexcept {
     return transport_->submit(b, requests);
   }
-  [[nodiscard]] result<transfer_status> status_of(batch_id b, std::size_t task) { return transport_->task_status(b, task); }
-  [[nodiscard]] result<transfer_status> batch_status(batch_id b) { return transport_->batch_status(b); }
-  /// Blocks (no spinning) until every task of the batch is final.  Errors:
-  /// timed_out, unknown_batch.
-  [[nodiscard]] status wait(batch_id b, std::chrono::milliseconds timeout) { return transport_->wait(b, timeout); }
-  /// Every unfinished task becomes CANCELED; slices not yet posted are dropped.
-  [[nodiscard]] status cancel(batch_id b) { return transport_->cancel(b); }
+  /// Final means final: a task is reported COMPLETED, FAILED, TIMEOUT or
+  /// CANCELED only once none of its work requests can still touch local or
+  /// remote memory (every slice completed, failed for good, was flushed or
+  /// was dropped before posting).  Until then it is PENDING, also after its
+  /// transfer_timeout passed or cancel() was called.  `reason` is the first
+  /// error that hit the task (see transfer_status).
+  [[nodiscard]] result<transfer_status> status_of(batch_id b, std::size_t task) noexcept {
+    return transport_->task_status(b, task);
+  }
+  [[nodiscard]] result<transfer_status> batch_status(batch_id b) noexcept { return transport_->batch_status(b); }
+  /// Blocks (no spinning) until every task of the batch is final, so after
+  /// it returns no DMA of the batch touches the user's memory any more, also
+  /// for TIMEOUT and CANCELED tasks.  Errors: timed_out (this wait's own
+  /// timeout), unknown_batch.
+  [[nodiscard]] status wait(batch_id b, std::chrono::milliseconds timeout) noexcept {
+    return transport_->wait(b, timeout);
+  }
+  /// Marks every unfinished task to end CANCELED: slices not yet posted are
+  /// dropped, posted ones drain (complete or flush); each task turns
+  /// CANCELED when its last slice is back (wait() returns then).
+  [[nodiscard]] status cancel(batch_id b) noexcept { return transport_->cancel(b); }
 
   // ---- notifications ----
   /// Sends `msg` to the owner of segment `target` over its handshake port.

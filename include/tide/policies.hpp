@@ -134,8 +134,8 @@ consteval bool check_policy_set() {
                 "`using idle = tide::policy::hybrid;` (or busy_poll, cq_event)");
   static_assert(!detail::idle_present<P>() || detail::idle_ok<P>(),
                 "policy set: `idle` must offer kName, config, static result<I> create(config), "
-                "attach/detach, and noexcept on_work(), on_empty(repass), wake() "
-                "(see <tide/policy/idle.hpp>)");
+                "attach/detach, noexcept on_work(), on_empty(repass), wake(), and "
+                "`static constexpr bool wakes_on_completion` (see <tide/policy/idle.hpp>)");
   static_assert(detail::metadata_ok<P>(),
                 "policy set: `metadata` must be a metadata backend: constructible from "
                 "tide::metadata_config, with kName, get_segment, put_segment, remove_segment "

@@ -21,6 +21,11 @@ inline constexpr segment_id kInvalidSegment = std::numeric_limits<segment_id>::m
 
 enum class transfer_op : std::uint8_t { read, write };
 
+/// What unregister_memory / close_segment do when submitted transfers still
+/// use the buffer or segment: refuse with errc::busy (naming how many
+/// slices), wait for them (drain), or cancel their tasks and then wait.
+enum class in_flight : std::uint8_t { reject, drain, cancel };
+
 /// One transfer: `length` bytes between local `source` (inside registered
 /// memory) and the target segment.
 ///
@@ -29,9 +34,13 @@ enum class transfer_op : std::uint8_t { read, write };
 ///    virtual address (as published in the peer's buffer descriptor); the
 ///    range must lie inside one remote buffer or submit rejects it with
 ///    errc::out_of_bounds.
-///  - bounds-checked: `buffer` is the index of a buffer in the segment's
-///    descriptor and `target_offset` an offset inside that buffer; submit
-///    rejects `target_offset + length > buffer length` with errc::out_of_bounds.
+///  - bounds-checked: `buffer` is the stable id of a buffer of the segment
+///    (transfer_engine::buffer_id on the owner; published as buffers[].id;
+///    for a Mooncake peer, whose descriptor has no ids, the index in its
+///    buffers[]) and `target_offset` an offset inside that buffer; submit
+///    rejects `target_offset + length > buffer length` with errc::out_of_bounds,
+///    and an id the segment does not have (after one forced refresh of its
+///    descriptor) with errc::out_of_bounds too.
 struct transfer_request {
   static constexpr std::uint32_t kRawAddress = std::numeric_limits<std::uint32_t>::max();
 
@@ -47,7 +56,7 @@ struct transfer_request {
                                                              std::uint64_t remote_addr, std::size_t length) noexcept {
     return {op, source, target, remote_addr, length, kRawAddress};
   }
-  /// The bounds-checked form: buffer `buffer` of the segment, at `offset`.
+  /// The bounds-checked form: the buffer with id `buffer` of the segment, at `offset`.
   [[nodiscard]] static constexpr transfer_request in_buffer(transfer_op op, void* source, segment_id target,
                                                             std::uint32_t buffer, std::uint64_t offset,
                                                             std::size_t length) noexcept {
@@ -76,11 +85,22 @@ enum class transfer_state : std::uint8_t { waiting, pending, completed, failed, 
          s == transfer_state::canceled;
 }
 
+/// No device (transfer_status::failed_local_device when no NIC path failed).
+inline constexpr std::uint16_t kNoDevice = 0xffff;
+
 struct transfer_status {
   transfer_state state = transfer_state::waiting;
   std::uint64_t transferred_bytes = 0;
-  /// Why the task failed (ok otherwise): the last slice error seen.
+  /// Why a FAILED / TIMEOUT / CANCELED task ended (ok otherwise): the first
+  /// error that hit it (timed_out, canceled, or a slice's error; a
+  /// work_request_flushed gives way to the error that caused the flush).
   errc reason = errc::ok;
+  /// The NIC path of the first wire failure, when one happened: the local
+  /// device (index into the transport's contexts, transport().context(i))
+  /// and the peer NIC path "<segment>@<nic>".  The view stays valid until
+  /// the batch is freed.
+  std::uint16_t failed_local_device = kNoDevice;
+  std::string_view failed_peer_path{};
 };
 
 }  // namespace tide

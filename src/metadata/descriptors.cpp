@@ -225,6 +225,11 @@ result<buffer_desc> read_buffer(const json& v, const std::string& field) {
   // Buffers of non-RDMA protocols carry no keys; absent means none.
   if (const json* k = f.find("rkey")) TIDE_TRY_ASSIGN(b.rkey, read_u32_array(*k, field + ".rkey"));
   if (const json* k = f.find("lkey")) TIDE_TRY_ASSIGN(b.lkey, read_u32_array(*k, field + ".lkey"));
+  if (f.find("id") != nullptr) {
+    std::uint64_t id = 0;
+    TIDE_TRY_ASSIGN(id, f.unsigned_int("id", 0xfffffffeu));  // 0xffffffff is kRawAddress
+    b.id = static_cast<std::uint32_t>(id);
+  }
   return b;
 }
 
@@ -269,6 +274,7 @@ std::string encode_segment(const segment_desc& d) {
                        {"length", b.length},
                        {"rkey", keys_json(b.rkey)},
                        {"lkey", keys_json(b.lkey)}});
+    if (b.id) buffers.back()["id"] = *b.id;
   }
   j["buffers"] = std::move(buffers);
   json pm = json::object();
@@ -473,6 +479,22 @@ std::string rpc_meta_key(std::string_view cluster_id, std::string_view server_na
   key.append("rpc_meta/");
   key.append(server_name);
   return key;
+}
+
+result<rpc_meta> decode_rpc_meta(std::string_view text) try {
+  json root;
+  TIDE_TRY_ASSIGN(root, detail::parse_object(text));
+  json_field f{root, ""};
+  rpc_meta m;
+  TIDE_TRY_ASSIGN(m.host, f.string("ip_or_host_name"));
+  if (m.host.empty()) return malformed("ip_or_host_name", "must not be empty");
+  std::uint64_t port = 0;
+  TIDE_TRY_ASSIGN(port, f.unsigned_int("rpc_port", UINT16_MAX));
+  if (port == 0) return malformed("rpc_port", "must be 1..65535");
+  m.port = static_cast<std::uint16_t>(port);
+  return m;
+} catch (const std::exception& e) {
+  return fail(errc::metadata_malformed, std::string("rpc_meta: ") + e.what());
 }
 
 std::string encode_rpc_meta(std::string_view host, std::uint16_t port) {

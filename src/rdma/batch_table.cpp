@@ -1,87 +1,147 @@
 // rdma::batch_table (see the header).
 #include <tide/rdma/batch_table.hpp>
 
+#include <bit>
+#include <new>
 #include <string>
 #include <thread>
 
 namespace tide::rdma {
 
-result<std::unique_ptr<batch_table>> batch_table::create(std::size_t max_batches) {
-  if (max_batches == 0 || max_batches > (1u << 24))
-    return fail(errc::config_invalid, "max_batches must be 1..2^24");
-  return std::unique_ptr<batch_table>(new batch_table(max_batches));
-}
-
 namespace {
-batch_id make_batch_id(std::uint32_t slot, std::uint64_t generation) noexcept {
+constexpr batch_id make_batch_id(std::uint32_t slot, std::uint64_t generation) noexcept {
   return (generation << 32) | slot;
 }
+constexpr std::uint64_t generation_of(std::uint64_t tag) noexcept { return tag >> 1; }
+constexpr std::uint64_t tag_of(std::uint64_t generation, bool live) noexcept {
+  return (generation << 1) | (live ? 1u : 0u);
+}
+// Generations live in the upper 32 bits of an id; 0 is never handed out, so
+// a zeroed id never resolves.
+constexpr std::uint64_t next_generation(std::uint64_t g) noexcept {
+  const std::uint64_t n = (g + 1) & 0xffffffffu;
+  return n == 0 ? 1 : n;
+}
+
+// The error paths build their detail strings here; a failed allocation
+// still yields the right errc.
+error describe(errc code, const char* what, batch_id id) noexcept {
+  try {
+    return error{code, std::string(what) + std::to_string(id)};
+  } catch (...) {
+    return error{code, {}};
+  }
+}
 }  // namespace
+
+batch_table::batch_table(std::size_t max_batches)
+    : max_batches_(max_batches), slots_(new std::atomic<detail::batch_state*>[max_batches]) {
+  for (std::size_t i = 0; i < max_batches; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
+}
+
+result<std::unique_ptr<batch_table>> batch_table::create(std::size_t max_batches) {
+  if (max_batches == 0 || max_batches > (1u << 24))
+    return fail(errc::config_invalid, "max_batches must be 1..2^24, got " + std::to_string(max_batches));
+  return std::unique_ptr<batch_table>(new batch_table(max_batches));
+}
 
 detail::batch_state* batch_table::lookup(batch_id id) const noexcept {
   const auto slot = static_cast<std::uint32_t>(id & 0xffffffffu);
   if (slot >= max_batches_) return nullptr;
-  detail::batch_state* b = slots_[slot].get();
-  if (b == nullptr || !b->live.load(std::memory_order_acquire) || b->generation != (id >> 32)) return nullptr;
+  detail::batch_state* b = slots_[slot].load(std::memory_order_acquire);
+  if (b == nullptr || !still(*b, id)) return nullptr;
   return b;
 }
 
-result<batch_id> batch_table::allocate(std::size_t capacity) {
-  if (capacity == 0) return fail(errc::capacity_zero, "allocate_batch: capacity 0");
+std::size_t batch_table::live_batches() const {
   std::lock_guard lock(mu_);
-  // Reuse a free slot whose batch is big enough (the bench allocates one size over and over).
-  for (std::size_t i = free_slots_.size(); i-- > 0;) {
-    detail::batch_state* b = slots_[free_slots_[i]].get();
-    if (b->capacity >= capacity && b->capacity <= capacity * 2) {
-      const std::uint32_t slot = free_slots_[i];
-      free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(i));
-      b->live.store(true, std::memory_order_release);
-      return make_batch_id(slot, b->generation);
-    }
-  }
-  std::uint32_t slot;
-  if (slot_count_ < max_batches_) {
-    slot = static_cast<std::uint32_t>(slot_count_++);
-  } else if (!free_slots_.empty()) {
-    slot = free_slots_.front();  // too small: replace it
-    free_slots_.erase(free_slots_.begin());
-  } else {
-    return fail(errc::resource_exhausted, "allocate_batch: " + std::to_string(max_batches_) + " batches alive");
-  }
-  const std::uint64_t gen = slots_[slot] ? slots_[slot]->generation + 1 : 1;
-  slots_[slot] = std::make_unique<detail::batch_state>(capacity);
-  slots_[slot]->generation = gen;
-  slots_[slot]->live.store(true, std::memory_order_release);
-  return make_batch_id(slot, gen);
+  return slot_count_ - free_slots_.size();
 }
 
-status batch_table::free(batch_id id) {
+result<batch_id> batch_table::allocate(std::size_t capacity) noexcept {
+  if (capacity == 0) return fail(errc::capacity_zero, "allocate_batch: capacity 0");
+  if (capacity > (std::size_t{1} << 30)) return fail(errc::invalid_argument, "allocate_batch: capacity above 2^30");
+  try {
+    std::lock_guard lock(mu_);
+    // Best fit among the free slots: the smallest batch that is big enough.
+    std::size_t best = free_slots_.size();
+    for (std::size_t i = 0; i < free_slots_.size(); ++i) {
+      const detail::batch_state* b = slots_[free_slots_[i]].load(std::memory_order_relaxed);
+      if (b->capacity >= capacity &&
+          (best == free_slots_.size() || b->capacity < slots_[free_slots_[best]].load(std::memory_order_relaxed)->capacity))
+        best = i;
+    }
+    std::uint32_t slot;
+    detail::batch_state* b;
+    if (best != free_slots_.size()) {
+      slot = free_slots_[best];
+      b = slots_[slot].load(std::memory_order_relaxed);
+      free_slots_[best] = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      const bool fresh = slot_count_ < max_batches_;
+      if (!fresh && free_slots_.empty())
+        return fail(errc::resource_exhausted, "allocate_batch: all " + std::to_string(max_batches_) +
+                                                  " batches are allocated (engine_config::max_batches); "
+                                                  "free one or raise the limit");
+      // A fresh slot, or a free one whose batch is too small: a new batch,
+      // the old one stays owned (all_) because a late worker may touch it.
+      all_.reserve(all_.size() + 1);
+      // free() pushes without allocating: room for every slot handed out.
+      if (fresh) free_slots_.reserve(slot_count_ + 1);
+      auto made = std::make_unique<detail::batch_state>(std::bit_ceil(capacity));
+      slot = fresh ? static_cast<std::uint32_t>(slot_count_) : free_slots_.back();
+      const detail::batch_state* old = slots_[slot].load(std::memory_order_relaxed);
+      made->tag.store(old != nullptr ? old->tag.load(std::memory_order_relaxed) : tag_of(0, false),
+                      std::memory_order_relaxed);
+      b = made.get();
+      all_.push_back(std::move(made));
+      if (fresh) ++slot_count_;
+      else free_slots_.pop_back();
+      slots_[slot].store(b, std::memory_order_release);
+    }
+    const std::uint64_t gen = next_generation(generation_of(b->tag.load(std::memory_order_relaxed)));
+    b->tag.store(tag_of(gen, true), std::memory_order_release);
+    return make_batch_id(slot, gen);
+  } catch (const std::bad_alloc&) {
+    return fail(errc::out_of_memory, "allocate_batch: no memory for a batch of " + std::to_string(capacity) + " tasks");
+  }
+}
+
+status batch_table::free(batch_id id) noexcept {
   detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "free_batch: unknown batch " + std::to_string(id));
-  if (b->unfinished.load(std::memory_order_acquire) != 0) expire(*b);
-  if (b->unfinished.load(std::memory_order_acquire) != 0)
-    return fail(errc::batch_busy, "free_batch: " + std::to_string(b->unfinished.load()) + " task(s) unfinished");
-  // The worker retiring the last slice drops `inflight` right after finishing its task.
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "free_batch: unknown batch ", id));
+  // A submit in progress on this batch finishes first; a later one sees the dead tag.
+  std::lock_guard submit_lock(b->submit_mu);
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "free_batch: unknown batch ", id));
+  expire(*b);
+  // A task past its deadline (or canceled) is final once its posted WRs
+  // have retired: give them a moment, then report what is still out.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  while (b->inflight.load(std::memory_order_acquire) != 0) {
-    if (std::chrono::steady_clock::now() > until)
-      return fail(errc::batch_busy, "free_batch: " + std::to_string(b->inflight.load()) +
-                                        " slice(s) of finished tasks still in flight");
+  while (b->unfinished.load(std::memory_order_acquire) != 0 || b->inflight.load(std::memory_order_acquire) != 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      const std::size_t tasks = b->unfinished.load(std::memory_order_acquire);
+      const std::size_t slices = b->inflight.load(std::memory_order_acquire);
+      try {
+        return fail(errc::batch_busy, "free_batch: " + std::to_string(tasks) + " task(s) unfinished, " +
+                                          std::to_string(slices) + " slice(s) in flight");
+      } catch (...) {
+        return fail(error{errc::batch_busy, {}});
+      }
+    }
     std::this_thread::yield();
   }
   std::lock_guard lock(mu_);
   {
     std::lock_guard wl(b->mu);  // a notifier still inside finish_task leaves first
   }
-  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) {
-    auto& t = b->tasks[i];
-    t.keep_alive.reset();
-    t.state.store(transfer_state::waiting, std::memory_order_relaxed);
-  }
+  const std::uint64_t tag = b->tag.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
   b->used.store(0, std::memory_order_relaxed);
   b->canceled.store(false, std::memory_order_relaxed);
-  b->live.store(false, std::memory_order_release);
-  ++b->generation;
+  // Dead from here: lookups of `id` fail; the next allocate bumps the generation.
+  b->tag.store(tag_of(generation_of(tag), false), std::memory_order_release);
+  // allocate reserved room for every slot it handed out: no allocation here.
   free_slots_.push_back(static_cast<std::uint32_t>(id & 0xffffffffu));
   return {};
 }
@@ -91,61 +151,65 @@ void batch_table::expire(detail::batch_state& b) noexcept {
   const std::size_t n = b.used.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) {
     auto& t = b.tasks[i];
-    if (!is_final(t.state.load(std::memory_order_acquire)) && now > t.deadline) {
-      t.reason.store(errc::timed_out, std::memory_order_relaxed);
-      (void)detail::finish_task(t, transfer_state::timeout);
-    }
+    if (!is_final(t.state.load(std::memory_order_acquire)) && now > t.deadline.load(std::memory_order_relaxed))
+      detail::stop_task(t, transfer_state::timeout, errc::timed_out);
   }
 }
 
-result<transfer_status> batch_table::task_status(batch_id id, std::size_t task) {
+result<transfer_status> batch_table::task_status(batch_id id, std::size_t task) noexcept {
   detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "status: unknown batch " + std::to_string(id));
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "status: unknown batch ", id));
   if (task >= b->used.load(std::memory_order_acquire))
-    return fail(errc::unknown_task, "status: task " + std::to_string(task) + " was not submitted");
+    return fail(describe(errc::unknown_task, "status: this task was not submitted: ", task));
   auto& t = b->tasks[task];
-  auto st = t.state.load(std::memory_order_acquire);
-  if (!is_final(st) && std::chrono::steady_clock::now() > t.deadline) {
-    t.reason.store(errc::timed_out, std::memory_order_relaxed);
-    (void)detail::finish_task(t, transfer_state::timeout);
-    st = t.state.load(std::memory_order_acquire);
-  }
-  return transfer_status{st, t.bytes.load(std::memory_order_relaxed),
-                         st == transfer_state::completed ? errc::ok : t.reason.load(std::memory_order_relaxed)};
+  if (!is_final(t.state.load(std::memory_order_acquire)) && std::chrono::steady_clock::now() > t.deadline.load(std::memory_order_relaxed))
+    detail::stop_task(t, transfer_state::timeout, errc::timed_out);
+  const transfer_status out = detail::status_of(t);
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
+  return out;
 }
 
-result<transfer_status> batch_table::batch_status(batch_id id) {
+result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
   detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "status: unknown batch " + std::to_string(id));
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "status: unknown batch ", id));
   expire(*b);
-  transfer_status out{transfer_state::completed, 0, errc::ok};
+  transfer_status out;
+  out.state = transfer_state::completed;
   const std::size_t n = b->used.load(std::memory_order_acquire);
   if (n == 0) out.state = transfer_state::waiting;
   bool any_pending = false;
   for (std::size_t i = 0; i < n; ++i) {
-    auto& t = b->tasks[i];
-    const auto st = t.state.load(std::memory_order_acquire);
-    out.transferred_bytes += t.bytes.load(std::memory_order_relaxed);
-    if (!is_final(st)) any_pending = true;
-    else if (st != transfer_state::completed && out.state == transfer_state::completed) {
-      out.state = st;
-      out.reason = t.reason.load(std::memory_order_relaxed);
+    const transfer_status ts = detail::status_of(b->tasks[i]);
+    out.transferred_bytes += ts.transferred_bytes;
+    if (!is_final(ts.state)) {
+      any_pending = true;
+    } else if (ts.state != transfer_state::completed && out.state == transfer_state::completed) {
+      const std::uint64_t bytes = out.transferred_bytes;
+      out = ts;
+      out.transferred_bytes = bytes;
     }
   }
   if (any_pending) out.state = transfer_state::pending;
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
   return out;
 }
 
-status batch_table::wait(batch_id id, std::chrono::milliseconds timeout) {
+status batch_table::wait(batch_id id, std::chrono::milliseconds timeout) noexcept {
   detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "wait: unknown batch " + std::to_string(id));
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "wait: unknown batch ", id));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(b->mu);
   while (b->unfinished.load(std::memory_order_acquire) != 0) {
+    if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
-      return fail(errc::timed_out, "wait: " + std::to_string(b->unfinished.load()) + " task(s) unfinished after " +
-                                       std::to_string(timeout.count()) + " ms");
+    if (now >= deadline) {
+      try {
+        return fail(errc::timed_out, "wait: " + std::to_string(b->unfinished.load()) + " task(s) unfinished after " +
+                                         std::to_string(timeout.count()) + " ms");
+      } catch (...) {
+        return fail(error{errc::timed_out, {}});
+      }
+    }
     // Wake at least every 100 ms to expire tasks past their own deadline.
     b->cv.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(100)));
     lock.unlock();
@@ -155,17 +219,13 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout) {
   return {};
 }
 
-status batch_table::cancel(batch_id id) {
+status batch_table::cancel(batch_id id) noexcept {
   detail::batch_state* b = lookup(id);
-  if (b == nullptr) return fail(errc::unknown_batch, "cancel: unknown batch " + std::to_string(id));
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "cancel: unknown batch ", id));
   b->canceled.store(true, std::memory_order_release);
   const std::size_t n = b->used.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < n; ++i) {
-    b->tasks[i].reason.store(errc::canceled, std::memory_order_relaxed);
-    (void)detail::finish_task(b->tasks[i], transfer_state::canceled);
-  }
+  for (std::size_t i = 0; i < n; ++i) detail::stop_task(b->tasks[i], transfer_state::canceled, errc::canceled);
   return {};
 }
-
 
 }  // namespace tide::rdma

@@ -55,7 +55,14 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
     rb.chooser = device_chooser::make(*loc, seg->matrix);
     seg->buffers.push_back(std::move(rb));
     seg->by_addr.push_back(static_cast<std::uint32_t>(i));
+    seg->by_id.emplace_back(b.id.value_or(static_cast<std::uint32_t>(i)), static_cast<std::uint32_t>(i));
   }
+  std::sort(seg->by_id.begin(), seg->by_id.end());
+  for (std::size_t k = 1; k < seg->by_id.size(); ++k)
+    if (seg->by_id[k].first == seg->by_id[k - 1].first)
+      return fail(errc::metadata_malformed, "segment " + d.name + ": buffers[" + std::to_string(seg->by_id[k].second) +
+                                                "].id " + std::to_string(seg->by_id[k].first) + " is also the id of buffers[" +
+                                                std::to_string(seg->by_id[k - 1].second) + "]");
   std::sort(seg->by_addr.begin(), seg->by_addr.end(),
             [&](std::uint32_t a, std::uint32_t b) { return seg->buffers[a].addr < seg->buffers[b].addr; });
   return std::shared_ptr<const remote_segment>(std::move(seg));
@@ -70,6 +77,12 @@ int remote_segment::find(std::uint64_t addr, std::uint64_t len) const noexcept {
   const auto& b = buffers[*(it - 1)];
   if (len > b.length || addr - b.addr > b.length - len) return -1;
   return static_cast<int>(*(it - 1));
+}
+
+int remote_segment::find_id(std::uint32_t id) const noexcept {
+  auto it = std::lower_bound(by_id.begin(), by_id.end(), std::make_pair(id, std::uint32_t{0}));
+  if (it == by_id.end() || it->first != id) return -1;
+  return static_cast<int>(it->second);
 }
 
 }  // namespace tide::rdma

@@ -68,6 +68,7 @@ struct shard_hash {
 class idle {
  public:
   static constexpr std::string_view kName = "archetype_idle";
+  static constexpr bool wakes_on_completion = false;
   struct config {};
   static result<idle> create(const config& /*cfg*/) { return idle{}; }
   status attach(ibv_cq* /*cq*/, ibv_comp_channel* /*channel*/) { return {}; }

@@ -26,6 +26,9 @@ case $mode in
     # shellcheck disable=SC2086  # flags are words
     ${CXX:-c++} -Wall -Wextra -Werror "$here/main.cpp" -o "$tmp/consumer" $flags
     LD_LIBRARY_PATH=$tmp/root$(pkg-config --variable=libdir tide | sed "s|^$tmp/root||") "$tmp/consumer"
+    # Every README.md code block, against the same installed tree.
+    # shellcheck disable=SC2086
+    bash "$here/readme_snippets.sh" "$src/README.md" "$tmp/readme" $flags
     ;;
   subproject)
     mkdir -p "$tmp/proj/subprojects"

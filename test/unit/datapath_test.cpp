@@ -8,8 +8,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <unistd.h>
 #include <set>
 #include <thread>
+#include <utility>
 
 using namespace tide;
 
@@ -38,6 +40,38 @@ TEST_CASE("remote segment: address lookup over unsorted buffers") {
   CHECK(seg->find(0x30000, 1) == -1);
   CHECK(seg->find(0x20000, 0) == -1);
   CHECK(seg->find(~0ull - 1, 4) == -1);
+}
+
+TEST_CASE("remote segment: buffers by stable id; a descriptor without ids (Mooncake's) uses the index") {
+  auto plain = rdma::remote_segment::resolve(two_nic_segment()).value();
+  CHECK(plain->find_id(0) == 0);
+  CHECK(plain->find_id(2) == 2);
+  CHECK(plain->find_id(3) == -1);
+  auto d = two_nic_segment();
+  d.buffers[0].id = 7;
+  d.buffers[1].id = 2;
+  d.buffers[2].id = 40;
+  auto seg = rdma::remote_segment::resolve(d).value();
+  CHECK(seg->find_id(7) == 0);
+  CHECK(seg->find_id(2) == 1);
+  CHECK(seg->find_id(40) == 2);
+  CHECK(seg->find_id(0) == -1);
+  // The id travels in the JSON ("id", which Mooncake's reader ignores) and back.
+  const std::string j = encode_segment(d);
+  CHECK(j.find("\"id\":40") != std::string::npos);
+  auto back = decode_segment(j).value();
+  CHECK(back.buffers[2].id == 40u);
+  CHECK_FALSE(decode_segment(encode_segment(two_nic_segment())).value().buffers[0].id.has_value());
+  // Two buffers with one id: malformed, naming both.
+  d.buffers[2].id = 7;
+  auto dup = rdma::remote_segment::resolve(d);
+  REQUIRE_FALSE(dup);
+  CHECK(dup.error().code == errc::metadata_malformed);
+  CHECK(dup.error().detail.find("id 7") != std::string::npos);
+  // 0xffffffff is the raw-address marker, never an id.
+  std::string bad = j;
+  bad.replace(bad.find("\"id\":40"), 7, "\"id\":4294967295");
+  CHECK(decode_segment(bad).error().code == errc::metadata_malformed);
 }
 
 TEST_CASE("remote segment: the peer's NIC comes from its matrix, indexed into its devices[]") {
@@ -102,15 +136,17 @@ TEST_CASE("slices roll up into tasks and batches; the last slice wakes the batch
   CHECK(b.tasks[0].state == transfer_state::completed);
   CHECK(b.tasks[0].bytes == 150);
   CHECK(b.inflight == 0);
-  // A canceled task stays canceled when its slices come back.
+  // A canceled task becomes CANCELED when its last slice comes back, not before.
   b.tasks[0].state = transfer_state::pending;
   b.tasks[0].slices_left = 1;
   b.unfinished = 1;
   b.inflight = 1;
-  CHECK(rdma::detail::finish_task(b.tasks[0], transfer_state::canceled));
-  CHECK(b.unfinished == 0);
+  rdma::detail::stop_task(b.tasks[0], transfer_state::canceled, errc::canceled);
+  CHECK(b.tasks[0].state == transfer_state::pending);
+  CHECK(b.unfinished == 1);
   rdma::detail::retire_slice(s[0], errc::ok);
   CHECK(b.tasks[0].state == transfer_state::canceled);
+  CHECK(b.tasks[0].reason == errc::canceled);
   CHECK(b.unfinished == 0);
 }
 
@@ -164,4 +200,78 @@ TEST_CASE("transfer_engine::create without an RDMA device says so") {
   auto e = transfer_engine<>::create(c);
   REQUIRE_FALSE(e);
   CHECK(e.error().code == errc::no_device);
+}
+
+// The hot path reports failures (out_of_memory included) and throws nothing.
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().submit(0, {})));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().status_of(0, 0)));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().batch_status(0)));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().wait(0, std::declval<std::chrono::milliseconds>())));
+static_assert(noexcept(std::declval<tide::transfer_engine<>&>().cancel(0)));
+static_assert(noexcept(std::declval<tide::rdma::rdma_transport<tide::default_policies>&>().submit(0, {})));
+
+namespace {
+std::string write_temp(const std::string& text) {
+  char path[] = "/tmp/tide-config-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  return path;
+}
+}  // namespace
+
+TEST_CASE("engine_config: a JSON file, validated like the environment; the environment still wins") {
+  const std::string good = write_temp(R"({"slice_size": 131072, "devices": ["rxe0", "rxe1"], "metadata": "etcd://h:2379",
+                                          "transfer_timeout_ms": 2500, "gid_index": -1, "max_batches": 64})");
+  auto c = engine_config::from_file(good).value();
+  CHECK(c.slice_size == 131072);
+  CHECK(c.devices == std::vector<std::string>{"rxe0", "rxe1"});
+  CHECK(c.metadata == "etcd://h:2379");
+  CHECK(c.transfer_timeout == std::chrono::milliseconds(2500));
+  CHECK(c.max_batches == 64);
+  CHECK(c.num_qp_per_ep == engine_config{}.num_qp_per_ep);  // untouched
+
+  auto error_of = [](const std::string& text) {
+    const std::string p = write_temp(text);
+    auto r = engine_config::from_file(p);
+    ::unlink(p.c_str());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::config_invalid);
+    return r.error().detail;
+  };
+  CHECK(error_of(R"({"slice_sise": 1})").find("unknown key \"slice_sise\"") != std::string::npos);
+  CHECK(error_of(R"({"mtu": 9000})").find("\"mtu\": expected an integer in [256, 4096], got 9000") != std::string::npos);
+  CHECK(error_of(R"({"mtu": "4096"})").find("\"mtu\"") != std::string::npos);
+  CHECK(error_of(R"({"qp_retry_cnt": 18446744073709551615})").find("\"qp_retry_cnt\"") != std::string::npos);
+  CHECK(error_of(R"({"devices": ["rxe0", 3]})").find("\"devices\"[1]") != std::string::npos);
+  CHECK(error_of(R"({"metadata": 1})").find("\"metadata\": expected a string") != std::string::npos);
+  CHECK(error_of("[1]").find("expected a JSON object") != std::string::npos);
+  CHECK(error_of("{\"mtu\": ").find("not JSON") != std::string::npos);
+  auto missing = engine_config::from_file("/nonexistent/tide.json");
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().detail.find("/nonexistent/tide.json: cannot open") != std::string::npos);
+  // All or nothing: a bad key leaves the config as it was.
+  engine_config keep;
+  const std::string half = write_temp(R"({"slice_size": 4096, "nope": 1})");
+  CHECK_FALSE(keep.apply_file(half));
+  CHECK(keep.slice_size == engine_config{}.slice_size);
+
+  // TIDE_CONFIG is read by apply_env, and the variables override it.
+  ::setenv("TIDE_CONFIG", good.c_str(), 1);
+  ::setenv("TIDE_SLICE_SIZE", "65536", 1);
+  engine_config e;
+  REQUIRE(e.apply_env());
+  CHECK(e.slice_size == 65536);  // the variable beats the file
+  CHECK(e.metadata == "etcd://h:2379");
+  CHECK(e.transfer_timeout == std::chrono::milliseconds(2500));
+  ::setenv("TIDE_CONFIG", half.c_str(), 1);
+  auto bad = e.apply_env();
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().detail.find("TIDE_CONFIG: config file") != std::string::npos);
+  CHECK(bad.error().detail.find("unknown key \"nope\"") != std::string::npos);
+  ::unsetenv("TIDE_CONFIG");
+  ::unsetenv("TIDE_SLICE_SIZE");
+  ::unlink(good.c_str());
+  ::unlink(half.c_str());
 }

@@ -2,6 +2,7 @@
 // against handshake servers in this process, the http one against the
 // tide-metadata-server executable started here.  etcd has its own suite.
 
+#include <tide/detail/handshake_address.hpp>
 #include <tide/net/handshake_server.hpp>
 #include <tide/policy/http.hpp>
 #include <tide/policy/in_process.hpp>
@@ -277,4 +278,39 @@ TEST_CASE("http: bad connection strings are config_invalid at the first call") {
     REQUIRE_FALSE(r.has_value());
     CHECK_MESSAGE(r.error().code == errc::config_invalid, url);
   }
+}
+
+// The exact value a Mooncake target publishes (jsoncpp FastWriter: sorted
+// keys, compact, trailing newline), under the key it uses.
+TEST_CASE("http: a Mooncake peer's rpc_meta gives its handshake address; absent falls back to the segment name") {
+  metadata_server_process server;
+  metadata_config c;
+  c.connection = server.url();
+  policy::http b{c};
+  REQUIRE(b.put_key("mooncake/rpc_meta/10.47.0.1:12345", "{\"ip_or_host_name\":\"10.47.0.2\",\"rpc_port\":15358}\n"));
+  std::mutex mu;
+  std::map<std::string, net::peer_address, std::less<>> cache;
+  auto a = tide::detail::handshake_address(b, "", "10.47.0.1:12345", mu, cache, false);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  CHECK(a->host == "10.47.0.2");
+  CHECK(a->port == 15358);
+  // Cached: a changed entry is seen only with a fresh read.
+  REQUIRE(b.put_key("mooncake/rpc_meta/10.47.0.1:12345", "{\"ip_or_host_name\":\"10.47.0.2\",\"rpc_port\":15400}\n"));
+  CHECK(tide::detail::handshake_address(b, "", "10.47.0.1:12345", mu, cache, false)->port == 15358);
+  CHECK(tide::detail::handshake_address(b, "", "10.47.0.1:12345", mu, cache, true)->port == 15400);
+  // No entry: the segment name is the address.
+  auto plain = tide::detail::handshake_address(b, "", "10.47.0.3:16001", mu, cache, false);
+  REQUIRE(plain);
+  CHECK(plain->host == "10.47.0.3");
+  CHECK(plain->port == 16001);
+  // A malformed entry is an error naming the field, not a silent fallback.
+  REQUIRE(b.put_key("mooncake/rpc_meta/10.47.0.4:1", "{\"ip_or_host_name\":\"h\",\"rpc_port\":70000}"));
+  auto bad = tide::detail::handshake_address(b, "", "10.47.0.4:1", mu, cache, false);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == errc::metadata_malformed);
+  CHECK(bad.error().detail.find("rpc_port") != std::string::npos);
+  // The cluster prefix is part of the key.
+  REQUIRE(b.put_key(rpc_meta_key("c9", "x:1"), encode_rpc_meta("10.47.0.9", 15001)));
+  CHECK(tide::detail::handshake_address(b, "c9", "x:1", mu, cache, false)->port == 15001);
+  CHECK(decode_rpc_meta(encode_rpc_meta("h", 1)).value() == rpc_meta{"h", 1});
 }

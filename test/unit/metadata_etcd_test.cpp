@@ -6,6 +6,7 @@
 // be found; it never passes without running.
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include <tide/detail/handshake_address.hpp>
 #include <tide/policy/etcd.hpp>
 
 #include "../../src/metadata/etcd_codec.hpp"
@@ -279,6 +280,23 @@ TEST_CASE("base64 as etcd's gateway expects it") {
     CHECK(*detail::base64_decode(detail::base64_encode(s)) == s);
   }
   for (const char* bad : {"Zg=", "Z===", "Zg=a", "Zm9v!AAA", "=AAA", "Zh==", "Zm9=", "Zm8=Zm8="}) CHECK_FALSE(detail::base64_decode(bad).has_value());
+}
+
+TEST_CASE("etcd: a Mooncake peer's rpc_meta gives its handshake address (exact value Mooncake writes)") {
+  etcd_fixture f;
+  auto c = f.config();
+  c.cluster_id = "mc";
+  policy::etcd b{c};
+  REQUIRE(b.put_key("mooncake/mc/rpc_meta/10.47.0.1:12345", "{\"ip_or_host_name\":\"10.47.0.2\",\"rpc_port\":15358}\n"));
+  std::mutex mu;
+  std::map<std::string, net::peer_address, std::less<>> cache;
+  auto a = tide::detail::handshake_address(b, "mc", "10.47.0.1:12345", mu, cache, false);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  CHECK(a->host == "10.47.0.2");
+  CHECK(a->port == 15358);
+  auto plain = tide::detail::handshake_address(b, "mc", "10.47.0.3:16001", mu, cache, false);
+  REQUIRE(plain);
+  CHECK(plain->port == 16001);
 }
 
 int main(int argc, char** argv) {

@@ -1,12 +1,14 @@
 #pragma once
 // Member definitions of transfer_engine<P> (included by engine.hpp).
 
+#include <tide/detail/handshake_address.hpp>
 #include <tide/detail/log.hpp>
 #include <tide/net/address.hpp>
 #include <tide/net/handshake_client.hpp>
 #include <tide/net/handshake_server.hpp>
 
 #include <atomic>
+#include <map>
 #include <optional>
 
 namespace tide {
@@ -20,7 +22,18 @@ struct transfer_engine<P>::impl {
   std::mutex notify_mu;
   std::deque<notify_desc> notifies;
   std::string rpc_meta_key;  ///< published (etcd/http mode); "" = nothing to withdraw
+  /// Peers' handshake addresses read from their rpc_meta entries (etcd/http
+  /// mode), by server name; dropped with a segment refresh or a failed
+  /// handshake so the next one reads the store again.
+  std::mutex rpc_mu;
+  std::map<std::string, net::peer_address, std::less<>> rpc_addr;
+
+  void forget_rpc_addresses() {
+    std::lock_guard lock(rpc_mu);
+    rpc_addr.clear();
+  }
 };
+
 
 template <class P>
 transfer_engine<P>::transfer_engine(engine_config cfg) : cfg_(std::move(cfg)), impl_(std::make_unique<impl>()) {}
@@ -81,10 +94,16 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   if (!server) return fail(server.error());
   im->server.emplace(std::move(*server));
 
-  // The segment name is how peers reach this engine's handshake port.
+  // The segment name is how peers reach this engine's handshake port.  With
+  // etcd/http (rpc_meta published) a name that gives a port is kept as it is,
+  // as Mooncake does: peers read the real handshake port from rpc_meta.
   auto host = net::parse_peer_address(e->cfg_.local_server_name);
   if (!host) return fail(errc::config_invalid, "local_server_name: " + host.error().detail);
   e->name_ = net::format_peer_address(host->host, im->server->port());
+  if constexpr (metadata_key_store<metadata_backend_type>) {
+    if (auto explicit_port = net::parse_peer_address(e->cfg_.local_server_name, 0); explicit_port && explicit_port->port != 0)
+      e->name_ = net::format_peer_address(explicit_port->host, explicit_port->port);
+  }
 
   metadata_config mc;
   mc.connection = e->cfg_.metadata;
@@ -102,16 +121,24 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   net::request_options ro;
   ro.connect_timeout = e->cfg_.handshake_connect_timeout;
   ro.receive_timeout = e->cfg_.handshake_timeout;
-  rdma::handshake_sender send = [ro](std::string_view peer_nic_path, const handshake_desc& d) -> result<handshake_desc> {
+  transfer_engine* self = e.get();
+  rdma::handshake_sender send = [ro, self, im](std::string_view peer_nic_path,
+                                               const handshake_desc& d) -> result<handshake_desc> {
     auto path = net::split_nic_path(peer_nic_path);
     if (!path) return fail(path.error());
-    auto addr = net::parse_peer_address(path->server);
+    auto& backend = self->cache_->backend();
+    auto addr = detail::handshake_address(backend, self->cfg_.cluster_id, path->server, im->rpc_mu, im->rpc_addr, false);
     if (!addr) return fail(addr.error());
-    return net::exchange_handshake(addr->host, addr->port, d, ro);
+    auto r = net::exchange_handshake(addr->host, addr->port, d, ro);
+    if (r || r.error().code != errc::peer_unreachable) return r;
+    // The peer may have restarted on another port: read its rpc_meta again.
+    auto again = detail::handshake_address(backend, self->cfg_.cluster_id, path->server, im->rpc_mu, im->rpc_addr, true);
+    if (!again || *again == *addr) return r;
+    return net::exchange_handshake(again->host, again->port, d, ro);
   };
-  transfer_engine* self = e.get();
   auto publish = [self](const segment_desc& d) { return self->publish(d); };
-  auto refresh = [self](segment_id id) -> status {
+  auto refresh = [self, im](segment_id id) -> status {
+    im->forget_rpc_addresses();  // refreshed with the descriptor
     auto d = self->cache_->refresh(id);
     if (!d) return fail(d.error());
     return self->transport_->set_segment(id, **d);
@@ -190,8 +217,8 @@ status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::str
 }
 
 template <class P>
-status transfer_engine<P>::unregister_memory(void* addr) {
-  return transport_->unregister_memory(addr, true);
+status transfer_engine<P>::unregister_memory(void* addr, in_flight mode) {
+  return transport_->unregister_memory(addr, true, mode);
 }
 
 template <class P>
@@ -216,6 +243,10 @@ status transfer_engine<P>::unregister_memory_batch(std::span<void* const> addrs)
 
 template <class P>
 result<segment_id> transfer_engine<P>::open_segment(std::string_view name) {
+  {
+    std::lock_guard lock(impl_->rpc_mu);  // a reopened peer may listen elsewhere now
+    if (auto it = impl_->rpc_addr.find(name); it != impl_->rpc_addr.end()) impl_->rpc_addr.erase(it);
+  }
   auto id = cache_->open(name);
   if (!id) return fail(id.error());
   auto d = cache_->get(*id);
@@ -228,7 +259,9 @@ result<segment_id> transfer_engine<P>::open_segment(std::string_view name) {
 }
 
 template <class P>
-status transfer_engine<P>::close_segment(segment_id id) {
+status transfer_engine<P>::close_segment(segment_id id, in_flight mode) {
+  if (auto d = cache_->get(id); !d) return fail(d.error());
+  if (auto q = transport_->quiesce_segment(id, mode); !q) return q;
   if (auto r = cache_->close(id); !r) return r;
   if (!cache_->get(id)) transport_->drop_segment(id);
   return {};

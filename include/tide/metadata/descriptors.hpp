@@ -64,6 +64,9 @@ struct buffer_desc {
   std::uint64_t length = 0;         ///< bytes
   std::vector<std::uint32_t> lkey;  ///< one per device, in devices[] order
   std::vector<std::uint32_t> rkey;  ///< one per device, in devices[] order
+  /// tide's stable buffer id (JSON "id"; Mooncake's reader ignores it).
+  /// Absent in Mooncake's descriptors: the id is then the buffer's index.
+  std::optional<std::uint32_t> id = std::nullopt;  // initialised: brace-inits of the fields above stay warning-free
   friend bool operator==(const buffer_desc&, const buffer_desc&) = default;
 };
 
@@ -170,5 +173,16 @@ struct notify_desc {
 /// The value stored under rpc_meta_key: {"ip_or_host_name":<host>,"rpc_port":<port>}
 /// (compact, keys sorted, no trailing newline).
 [[nodiscard]] std::string encode_rpc_meta(std::string_view host, std::uint16_t port);
+
+/// A server's handshake address as stored under rpc_meta_key.
+struct rpc_meta {
+  std::string host;
+  std::uint16_t port = 0;
+  friend bool operator==(const rpc_meta&, const rpc_meta&) = default;
+};
+/// Parses Mooncake's rpc_meta value (jsoncpp output: may end in '\n').
+/// Errors: metadata_malformed naming the field (ip_or_host_name must be a
+/// non-empty string, rpc_port 1..65535).
+[[nodiscard]] result<rpc_meta> decode_rpc_meta(std::string_view json);
 
 }  // namespace tide

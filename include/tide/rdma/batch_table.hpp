@@ -2,18 +2,31 @@
 /// rdma::batch_table — the batches of one transport: allocation, lookup by
 /// id, the roll-up users read (task and batch status), wait, cancel, expiry.
 ///
-/// A batch_id is (generation << 32) | slot.  Slots are owned by the table
-/// and never freed while it lives (a worker touching a batch a moment after
-/// free_batch still touches valid memory); a freed slot bumps its
-/// generation, so a stale id no longer resolves.
+/// A batch_id is (generation << 32) | slot.  Each batch_state carries one
+/// atomic word, its tag: (generation << 1) | live.  lookup() compares the
+/// tag of the slot's batch with the id in one load, so a batch that is
+/// freed, reused or never allocated does not resolve (unknown_batch).
 ///
-/// Threads: every member may be called from any thread.  allocate/free
-/// serialise on one mutex; lookup and the status calls take no lock.
+/// Ownership: the table owns every batch_state and frees none while it
+/// lives.  A slot whose batch is too small for a new allocation gets a
+/// bigger one, and the old one stays in the table's list of all batches (all_) as long as
+/// the table: a worker retiring a slice a moment after free_batch, or a
+/// caller that looked the id up just before, still touches valid memory
+/// (and then sees a dead tag).  Capacities are rounded up to powers of two,
+/// so the replaced batches of a slot hold fewer tasks than its current one.
+///
+/// Threads: every member may be called from any thread.  allocate and free
+/// serialise on one mutex (free also takes the batch's submit mutex, so a
+/// submit in progress finishes first); lookup and the status calls take
+/// no lock.  Using an id while another thread frees it is answered with
+/// unknown_batch or with the state just before the free, never with
+/// another batch's state (status calls re-check the tag after reading).
 
 #include <tide/rdma/detail/batch.hpp>
 #include <tide/result.hpp>
 #include <tide/transfer.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -29,29 +42,66 @@ class batch_table {
 
   /// The live batch `id`, or nullptr (never allocated, freed, stale).
   [[nodiscard]] detail::batch_state* lookup(batch_id id) const noexcept;
+  /// True while `b` is the live batch `id` (one acquire load).
+  [[nodiscard]] static bool still(const detail::batch_state& b, batch_id id) noexcept {
+    return b.tag.load(std::memory_order_acquire) == live_tag(id);
+  }
 
-  /// Errors: capacity_zero, resource_exhausted (max_batches alive).
-  [[nodiscard]] result<batch_id> allocate(std::size_t capacity);
+  /// Errors: capacity_zero, resource_exhausted (max_batches alive; the
+  /// detail names the limit), out_of_memory.
+  [[nodiscard]] result<batch_id> allocate(std::size_t capacity) noexcept;
   /// Errors: unknown_batch, batch_busy (tasks unfinished or slices in flight).
-  [[nodiscard]] status free(batch_id id);
+  [[nodiscard]] status free(batch_id id) noexcept;
 
-  /// Moves the tasks of `b` past their deadline to TIMEOUT.
+  /// Marks the tasks of `b` past their deadline for TIMEOUT.
   static void expire(detail::batch_state& b) noexcept;
+  /// expire() on every live batch (a drain that nobody else polls).
+  void expire_all() noexcept {
+    for_each_task([](detail::task_state&) { return false; }, true);
+  }
+  /// Marks every unfinished task of a live batch for which pred(task) holds
+  /// to end CANCELED (unregister_memory / close_segment with in_flight::cancel).
+  template <class Pred>
+  void cancel_where(Pred&& pred) noexcept {
+    for_each_task(pred, false);
+  }
 
-  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task);
-  [[nodiscard]] result<transfer_status> batch_status(batch_id id);
-  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout);
-  [[nodiscard]] status cancel(batch_id id);
+  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept;
+  [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept;
+  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) noexcept;
+  [[nodiscard]] status cancel(batch_id id) noexcept;
+
+  [[nodiscard]] std::size_t max_batches() const noexcept { return max_batches_; }
+  /// Batches allocated and not freed (takes the allocation mutex).
+  [[nodiscard]] std::size_t live_batches() const;
 
  private:
-  explicit batch_table(std::size_t max_batches)
-      : max_batches_(max_batches), slots_(new std::unique_ptr<detail::batch_state>[max_batches]) {}
+  explicit batch_table(std::size_t max_batches);
+
+  // Walks the live batches under mu_ (so none is recycled meanwhile).
+  template <class Pred>
+  void for_each_task(Pred&& cancel_if, bool expire_too) noexcept {
+    std::lock_guard lock(mu_);
+    for (std::size_t s = 0; s < slot_count_; ++s) {
+      detail::batch_state* b = slots_[s].load(std::memory_order_acquire);
+      if ((b->tag.load(std::memory_order_acquire) & 1u) == 0) continue;
+      if (expire_too) expire(*b);
+      const std::size_t n = b->used.load(std::memory_order_acquire);
+      for (std::size_t i = 0; i < n; ++i)
+        if (cancel_if(b->tasks[i])) detail::stop_task(b->tasks[i], transfer_state::canceled, errc::canceled);
+    }
+  }
+
+  static constexpr std::uint64_t live_tag(batch_id id) noexcept { return ((id >> 32) << 1) | 1u; }
 
   std::size_t max_batches_;
-  std::mutex mu_;  ///< allocate / free
-  std::unique_ptr<std::unique_ptr<detail::batch_state>[]> slots_;
+  mutable std::mutex mu_;  ///< allocate / free; guards slot_count_, free_slots_, all_
+  /// Slot i's current batch; written under mu_, read lock-free.
+  std::unique_ptr<std::atomic<detail::batch_state*>[]> slots_;
   std::size_t slot_count_ = 0;
   std::vector<std::uint32_t> free_slots_;
+  /// Every batch_state ever made, current or replaced (see the top); guarded by mu_.
+  std::vector<std::unique_ptr<detail::batch_state>> all_;
 };
 
 }  // namespace tide::rdma

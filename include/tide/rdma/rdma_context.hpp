@@ -60,6 +60,8 @@ struct context_stats {
 
 template <class P>
 class rdma_context {
+  static_assert(check_policy_set<P>());
+
  public:
   using store_type = endpoint_store<endpoint, typename P::eviction>;
   using handle = typename store_type::handle;

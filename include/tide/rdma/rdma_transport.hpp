@@ -15,6 +15,7 @@
 #include <tide/transfer.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -39,6 +40,8 @@ struct transport_config {
 
 template <class P>
 class rdma_transport {
+  static_assert(check_policy_set<P>());
+
  public:
   static constexpr std::size_t kMaxContexts = 16;
   using context_type = rdma_context<P>;
@@ -69,8 +72,14 @@ class rdma_transport {
   /// invalid_argument (null), zero_length, bad_location, already_registered,
   /// verbs errors (resource_exhausted, permission_denied).
   [[nodiscard]] status register_memory(void* addr, std::size_t len, std::string_view location, bool publish = true);
-  /// Errors: not_registered.
-  [[nodiscard]] status unregister_memory(void* addr, bool publish = true);
+  /// With transfers in flight from the buffer: errc::busy naming how many
+  /// slices, unless `mode` is drain (new submits from it fail at once; waits
+  /// for the slices, at most transfer_timeout + 10 s) or cancel (cancels
+  /// their tasks, then drains).  Errors: not_registered, busy.
+  [[nodiscard]] status unregister_memory(void* addr, bool publish = true, in_flight mode = in_flight::reject);
+  /// The stable id of the buffer registered at `addr` (what peers address
+  /// with transfer_request::in_buffer).  Errors: not_registered.
+  [[nodiscard]] result<std::uint32_t> buffer_id(const void* addr) const;
   [[nodiscard]] segment_desc local_segment() const;
   [[nodiscard]] status publish();
   [[nodiscard]] std::size_t registered_buffers() const;
@@ -79,17 +88,29 @@ class rdma_transport {
   /// Installs (or replaces) the view of segment `id`.  Errors: metadata_malformed.
   [[nodiscard]] status set_segment(segment_id id, const segment_desc& d);
   void drop_segment(segment_id id);
+  /// Slices submitted to segment `id` and not yet retired.
+  [[nodiscard]] std::size_t segment_inflight(segment_id id) const noexcept;
+  /// Before a close: ok when nothing is in flight to `id`; else busy
+  /// (reject), or cancels those tasks (cancel) and waits for them (drain,
+  /// cancel; at most transfer_timeout + 10 s).  Submits racing the close
+  /// from other threads are the caller's to order.
+  [[nodiscard]] status quiesce_segment(segment_id id, in_flight mode) noexcept;
 
   // ---- batches ----
-  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) { return batches_->allocate(capacity); }
-  [[nodiscard]] status free_batch(batch_id id) { return batches_->free(id); }
-  [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests);
-  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) {
+  // The hot path throws nothing: an allocation that fails is errc::out_of_memory.
+  [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) noexcept { return batches_->allocate(capacity); }
+  [[nodiscard]] status free_batch(batch_id id) noexcept { return batches_->free(id); }
+  /// Errors: see transfer_engine::submit; out_of_memory.  Nothing is
+  /// submitted on an error.
+  [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests) noexcept;
+  [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept {
     return batches_->task_status(id, task);
   }
-  [[nodiscard]] result<transfer_status> batch_status(batch_id id) { return batches_->batch_status(id); }
-  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) { return batches_->wait(id, timeout); }
-  [[nodiscard]] status cancel(batch_id id) { return batches_->cancel(id); }
+  [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept { return batches_->batch_status(id); }
+  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) noexcept {
+    return batches_->wait(id, timeout);
+  }
+  [[nodiscard]] status cancel(batch_id id) noexcept { return batches_->cancel(id); }
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of
@@ -107,8 +128,11 @@ class rdma_transport {
   explicit rdma_transport(const transport_config& cfg) : cfg_(cfg) {}
 
   void on_failed(detail::slice& s, errc e) noexcept;
+  [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests);
   [[nodiscard]] int pick_local(const local_buffer& b, std::uint64_t offset, unsigned retry, std::uint32_t rnd) const noexcept;
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
+  // Waits (bounded) until `count` is 0, expiring timed-out tasks meanwhile.
+  [[nodiscard]] bool drain(const std::atomic<std::size_t>& count) noexcept;
 
   transport_config cfg_;
   topology::priority_matrix matrix_;
@@ -119,9 +143,19 @@ class rdma_transport {
 
   mutable std::shared_mutex local_mu_;
   std::vector<std::unique_ptr<local_buffer>> local_;  ///< sorted by addr
+  std::uint32_t next_buffer_id_ = 0;                  ///< under local_mu_
 
   mutable std::shared_mutex seg_mu_;
-  std::vector<std::shared_ptr<const remote_segment>> segments_;  ///< by segment_id
+  /// A segment id's current view and its in-flight slice count.  Slots are
+  /// never freed while the transport lives (tasks point at `inflight`).
+  struct segment_slot {
+    std::shared_ptr<const remote_segment> view;
+    std::atomic<std::size_t> inflight{0};
+    /// Set when the peer rejected an rkey (remote_access_error): its buffers
+    /// may have changed, so the next submit refreshes the view first.
+    std::atomic<bool> stale{false};
+  };
+  std::vector<std::unique_ptr<segment_slot>> segments_;  ///< by segment_id
 
   std::unique_ptr<batch_table> batches_;
 };

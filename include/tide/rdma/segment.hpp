@@ -10,10 +10,12 @@
 #include <tide/topology/priority_matrix.hpp>
 #include <tide/verbs/mr.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tide::rdma {
@@ -33,12 +35,21 @@ struct device_chooser {
 };
 
 struct local_buffer {
+  /// Stable id, published as the descriptor's buffers[].id: assigned at
+  /// registration from a per-transport counter, never reused.
+  std::uint32_t id = 0;
   std::uint64_t addr = 0;
   std::uint64_t length = 0;
   std::string location_text;
   device_chooser chooser;
   std::vector<verbs::memory_region> mrs;  ///< one per context, in device-id order
   std::vector<std::uint32_t> lkeys;
+  /// Slices of submitted transfers from this buffer not yet retired:
+  /// submit adds (under the table's shared lock), retire_slice subtracts.
+  /// unregister_memory refuses or drains while it is not 0.
+  mutable std::atomic<std::size_t> inflight{0};
+  /// Set by a draining unregister_memory: submit treats the buffer as gone.
+  std::atomic<bool> closing{false};
 };
 
 struct remote_buffer {
@@ -54,8 +65,12 @@ struct remote_segment {
   std::vector<std::string> nic_paths;   ///< per device, devices[] order
   topology::priority_matrix matrix;     ///< the peer's (or one over devices[] when absent)
   std::vector<int> to_desc;             ///< matrix device id -> devices[] index (-1: unknown)
-  std::vector<remote_buffer> buffers;   ///< descriptor order (the bounds-checked form indexes it)
+  std::vector<remote_buffer> buffers;   ///< descriptor order
   std::vector<std::uint32_t> by_addr;   ///< buffer indices sorted by addr
+  /// (buffer id, index) sorted by id: what the bounds-checked form addresses.
+  /// Ids are the descriptor's buffers[].id, or the index for a descriptor
+  /// without ids (Mooncake's).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> by_id;
 
   /// Builds the view.  Errors: metadata_malformed (a buffer location that
   /// does not parse, a priority matrix naming no device of devices[]).
@@ -63,6 +78,8 @@ struct remote_segment {
 
   /// Index of the buffer that holds [addr, addr+len), or -1.  O(log n).
   [[nodiscard]] int find(std::uint64_t addr, std::uint64_t len) const noexcept;
+  /// Index of the buffer with id `id`, or -1.  O(log n).
+  [[nodiscard]] int find_id(std::uint32_t id) const noexcept;
 
   /// Peer device (devices[] index) for byte `offset` of buffer `b` on try
   /// `retry`; -1 when none.  Hot path.

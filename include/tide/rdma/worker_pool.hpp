@@ -37,6 +37,8 @@ class rdma_context;
 
 template <class P>
 class worker_pool {
+  static_assert(check_policy_set<P>());
+
  public:
   static constexpr std::size_t kShards = 8;  ///< Mooncake's kShardCount
   static constexpr int kPollBatch = 64;      ///< completions per ibv_poll_cq
@@ -165,18 +167,16 @@ class worker_pool {
     }
   }
 
-  // Drops canceled / already-final slices from a group before posting.
+  // Drops the slices of tasks marked to stop (timeout, cancel) before posting.
   static void drop_dead(group& g) noexcept {
     detail::slice** link = &g.head;
     g.tail = nullptr;
     while (*link != nullptr) {
       detail::slice* s = *link;
-      const bool canceled = s->task->batch->canceled.load(std::memory_order_relaxed);
-      const bool final = is_final(s->task->state.load(std::memory_order_relaxed));
-      if (canceled || final) [[unlikely]] {
+      if (const errc why = detail::should_drop(*s); why != errc::ok) [[unlikely]] {
         *link = s->next;
         s->next = nullptr;
-        detail::retire_slice(*s, canceled ? errc::canceled : errc::timed_out);
+        detail::retire_slice(*s, why);
         continue;
       }
       g.tail = s;

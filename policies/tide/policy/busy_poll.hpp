@@ -16,6 +16,8 @@ namespace tide::policy {
 class busy_poll {
  public:
   static constexpr std::string_view kName = "busy_poll";
+  /// Never sleeps, so there is nothing for a completion to wake.
+  static constexpr bool wakes_on_completion = false;
   struct config {};
 
   [[nodiscard]] static result<busy_poll> create(const config& /*cfg*/) { return busy_poll{}; }

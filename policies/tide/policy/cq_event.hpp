@@ -37,6 +37,8 @@ namespace tide::policy {
 class cq_event {
  public:
   static constexpr std::string_view kName = "cq_event";
+  /// epoll_wait returns on an event of any armed, attached CQ.
+  static constexpr bool wakes_on_completion = true;
 
   struct config {
     /// Longest single sleep (a safety net; wake-ups do not depend on it).  > 0.

@@ -25,6 +25,8 @@ namespace tide::policy {
 class hybrid {
  public:
   static constexpr std::string_view kName = "hybrid";
+  /// A completion does not end a futex sleep (only wake() or the cap does).
+  static constexpr bool wakes_on_completion = false;
 
   struct config {
     /// Busy period after the last useful pass.  Shorter saves CPU between

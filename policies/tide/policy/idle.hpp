@@ -24,6 +24,12 @@
 ///
 /// Members of a strategy I (all but create/attach are noexcept):
 ///   static constexpr std::string_view kName;
+///   static constexpr bool wakes_on_completion;
+///       true when on_empty() returns as soon as a completion lands on an
+///       attached CQ (cq_event); a worker with completions outstanding may
+///       then hand its wait to the strategy.  false when a sleep can outlast
+///       a completion (hybrid) or there is no sleep (busy_poll): such a
+///       worker keeps polling while it has work outstanding.
 ///   struct config;                          default-constructible tunables
 ///   static result<I> create(const config&)  errc::config_invalid for a bad
 ///       tunable; errc::resource_exhausted when an fd cannot be made.
@@ -54,6 +60,7 @@
 #include <tide/result.hpp>
 
 #include <concepts>
+#include <type_traits>
 #include <string_view>
 
 struct ibv_cq;
@@ -73,7 +80,9 @@ template <class I>
 concept idle_strategy =
     requires {
       { I::kName } -> std::convertible_to<std::string_view>;
+      { I::wakes_on_completion } -> std::convertible_to<bool>;
       typename I::config;
+      typename std::bool_constant<I::wakes_on_completion>;  // a constant expression
     } && std::move_constructible<I> && std::default_initializable<typename I::config> &&
     requires(I& i, const typename I::config& c, ibv_cq* cq, ibv_comp_channel* ch, detail::repass_archetype& f) {
       { I::create(c) } -> std::same_as<result<I>>;

@@ -3,10 +3,26 @@
 /// through the data path.  Not API.
 ///
 /// Lifetime: a batch (and the tasks and slices inside it) is owned by the
-/// transport's batch pool and recycled, never freed while the engine runs,
+/// transport's batch_table and recycled, never freed while the engine runs,
 /// so a worker that touches a batch a moment after the user freed it still
-/// touches valid memory.  A batch is handed back to the pool only when no
+/// touches valid memory.  A batch is handed back to the table only when no
 /// slice of it is in flight (free_batch checks `inflight`).
+///
+/// The roll-up (slice -> task -> batch), its promises:
+///  - Final means final.  A task's state becomes COMPLETED, FAILED, TIMEOUT
+///    or CANCELED only when its last slice retires (completed, failed for
+///    good, flushed, or dropped before posting), i.e. when none of its WRs
+///    can still touch local or remote memory.  Timeout and cancel only mark
+///    the task (stop_task: the pending-final state); workers then drop its
+///    slices that are not posted yet (should_drop) and the transport does
+///    not retry them; the mark becomes the final state when the last slice
+///    retires.  wait() returns only then.
+///  - First cause.  A task's reason is the first error that hit it (a slice
+///    failure, a timeout, a cancel), with one refinement: a flush
+///    (work_request_flushed) is only a consequence of another failure on
+///    the same QP, so the first other error replaces it.  Later errors do
+///    not overwrite it.  The first failure on the wire also records the NIC
+///    path it happened on.
 
 #include <tide/errc.hpp>
 #include <tide/transfer.hpp>
@@ -51,15 +67,27 @@ struct slice {
 
 struct task_state {
   std::atomic<transfer_state> state{transfer_state::waiting};
+  /// pending, or timeout/canceled once stop_task marked it (the final state
+  /// it takes when its last slice retires).
+  std::atomic<transfer_state> stop{transfer_state::pending};
   std::atomic<std::uint32_t> slices_left{0};
   std::atomic<std::uint64_t> bytes{0};
-  std::atomic<errc> reason{errc::ok};
+  std::atomic<errc> reason{errc::ok};  ///< the first cause (see the top)
   std::atomic<bool> any_failed{false};
+  /// Where the first wire failure happened (kNoDevice / null when none).
+  std::atomic<std::uint16_t> failed_device{kNoDevice};
+  std::atomic<const std::string*> failed_path{nullptr};
   batch_state* batch = nullptr;
   segment_id target = kInvalidSegment;
-  std::chrono::steady_clock::time_point deadline{};
+  /// Atomic because status calls read it while a recycled batch's task is
+  /// being refilled (a caller racing free_batch; they then see a dead tag).
+  std::atomic<std::chrono::steady_clock::time_point> deadline{};
   std::vector<slice> slices;  ///< capacity kept across reuses of the batch
   std::shared_ptr<const void> keep_alive;  ///< the target segment's resolved view
+  /// In-flight slice counters of the task's local buffer and target segment
+  /// (owned by the transport, which outlives every batch); set by submit.
+  std::atomic<std::size_t>* local_inflight = nullptr;
+  std::atomic<std::size_t>* segment_inflight = nullptr;
 };
 
 struct batch_state {
@@ -69,19 +97,65 @@ struct batch_state {
 
   std::unique_ptr<task_state[]> tasks;
   std::size_t capacity;
-  std::mutex submit_mu;              ///< one submit at a time per batch
+  std::mutex submit_mu;              ///< one submit at a time per batch; free_batch takes it too
   std::atomic<std::size_t> used{0};  ///< tasks submitted so far
   std::atomic<std::size_t> unfinished{0};
   std::atomic<std::size_t> inflight{0};  ///< slices handed to workers, not yet retired
   std::atomic<bool> canceled{false};
-  std::atomic<bool> live{false};     ///< allocated and not yet freed
-  std::uint64_t generation = 0;      ///< bumps on every reuse (batch ids embed it)
+  /// (generation << 1) | live, in one word so a lookup checks both at once
+  /// (batch_table owns it).
+  std::atomic<std::uint64_t> tag{0};
   std::mutex mu;                     ///< pairs with cv for wait()
   std::condition_variable cv;
 };
 
-/// Moves a task to a final state once; the one that wins retires it from
-/// its batch (and wakes waiters when it was the last).  Any thread.
+/// Records `e` as the task's cause unless it has one; a flush gives way to
+/// any other error (see the top).  `where` (may be null) names the slice
+/// whose failure it is, for the NIC path.  Any thread.
+inline void note_cause(task_state& t, errc e, const slice* where) noexcept {
+  errc cur = t.reason.load(std::memory_order_relaxed);
+  for (;;) {
+    const bool replace = cur == errc::ok || (cur == errc::work_request_flushed && e != errc::work_request_flushed);
+    if (!replace) return;
+    if (t.reason.compare_exchange_weak(cur, e, std::memory_order_relaxed)) break;
+  }
+  // Published to readers by the acq_rel decrement of slices_left that
+  // follows (the final state is stored after it).
+  if (where != nullptr && where->peer_path != nullptr) {
+    t.failed_device.store(where->local_device, std::memory_order_relaxed);
+    t.failed_path.store(where->peer_path, std::memory_order_relaxed);
+  }
+}
+
+/// Prepares task `t` for a new transfer of `slice_count` slices.  The
+/// submitting thread, before the task is published (batch `used`).
+inline void reset_task(task_state& t, std::size_t slice_count, segment_id target,
+                       std::chrono::steady_clock::time_point deadline) {
+  t.slices.resize(slice_count);
+  t.target = target;
+  t.deadline.store(deadline, std::memory_order_relaxed);
+  t.bytes.store(0, std::memory_order_relaxed);
+  t.reason.store(errc::ok, std::memory_order_relaxed);
+  t.any_failed.store(false, std::memory_order_relaxed);
+  t.failed_device.store(kNoDevice, std::memory_order_relaxed);
+  t.failed_path.store(nullptr, std::memory_order_relaxed);
+  t.stop.store(transfer_state::pending, std::memory_order_relaxed);
+  t.slices_left.store(static_cast<std::uint32_t>(slice_count), std::memory_order_relaxed);
+  t.state.store(transfer_state::pending, std::memory_order_relaxed);
+}
+
+/// A freed batch's task goes back to WAITING (free_batch, no slice in flight).
+inline void recycle_task(task_state& t) noexcept {
+  t.keep_alive.reset();
+  t.local_inflight = nullptr;
+  t.segment_inflight = nullptr;
+  t.stop.store(transfer_state::pending, std::memory_order_relaxed);
+  t.state.store(transfer_state::waiting, std::memory_order_relaxed);
+}
+
+/// Publishes the final state once; the one that wins retires it from its
+/// batch (and wakes waiters when it was the last).  Only the retirement of
+/// a task's last slice calls it.
 inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
   auto cur = t.state.load(std::memory_order_acquire);
   while (!is_final(cur)) {
@@ -99,25 +173,73 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
   return false;
 }
 
-/// Retires one slice with outcome `e`.  Giving up the batch's in-flight
-/// count is its last touch of the batch (after which it may be recycled).  Any thread; lock-free except for the final
-/// notification of a batch.
+/// Marks task `t` to end as `why` (timeout or canceled) with cause `e`.
+/// It becomes final when its last slice retires (see the top).  Any thread;
+/// the first mark wins, a final task is left alone.
+inline void stop_task(task_state& t, transfer_state why, errc e) noexcept {
+  if (is_final(t.state.load(std::memory_order_acquire))) return;
+  auto expected = transfer_state::pending;
+  if (t.stop.compare_exchange_strong(expected, why, std::memory_order_acq_rel)) note_cause(t, e, nullptr);
+}
+
+/// ok, or why slice `s` must not be posted (or retried): its task was
+/// marked to stop, or its batch was canceled (which marks the task).
+/// Workers call it before posting; any thread.
+inline errc should_drop(slice& s) noexcept {
+  task_state& t = *s.task;
+  if (t.batch->canceled.load(std::memory_order_acquire)) [[unlikely]]
+    stop_task(t, transfer_state::canceled, errc::canceled);
+  switch (t.stop.load(std::memory_order_acquire)) {
+    case transfer_state::timeout: return errc::timed_out;
+    case transfer_state::canceled: return errc::canceled;
+    default: return errc::ok;
+  }
+}
+
+/// Retires one slice with outcome `e`: completed (ok), failed for good,
+/// flushed, or dropped before posting.  The last slice of a task publishes
+/// its final state.  Giving up the batch's in-flight count is its last
+/// touch of the batch (after which it may be recycled).  Any thread;
+/// lock-free except for the final notification of a batch.
 inline void retire_slice(slice& s, errc e) noexcept {
   task_state& t = *s.task;
   batch_state& b = *t.batch;
   if (e == errc::ok) {
     t.bytes.fetch_add(s.length, std::memory_order_relaxed);
   } else {
-    t.reason.store(e, std::memory_order_relaxed);
+    note_cause(t, e, e == errc::timed_out || e == errc::canceled ? nullptr : &s);
     t.any_failed.store(true, std::memory_order_relaxed);
   }
   if (t.slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    const bool failed = t.any_failed.load(std::memory_order_relaxed);
-    (void)finish_task(t, failed ? transfer_state::failed : transfer_state::completed);
+    const transfer_state stop = t.stop.load(std::memory_order_acquire);
+    const transfer_state final_state = stop != transfer_state::pending ? stop
+                                       : t.any_failed.load(std::memory_order_relaxed) ? transfer_state::failed
+                                                                                       : transfer_state::completed;
+    (void)finish_task(t, final_state);
   }
+  // unregister_memory / close_segment may go ahead once these reach 0
+  // (acquire loads there): the slice touches neither afterwards.
+  if (t.local_inflight != nullptr) t.local_inflight->fetch_sub(1, std::memory_order_release);
+  if (t.segment_inflight != nullptr) t.segment_inflight->fetch_sub(1, std::memory_order_release);
   // Last touch of the batch: free_batch recycles it once inflight is 0
   // (pairs with the acquire load there).
   b.inflight.fetch_sub(1, std::memory_order_release);
+}
+
+/// What status calls report for task `t`: the reason and failed path only
+/// once it is final (and not COMPLETED).  Any thread.
+[[nodiscard]] inline transfer_status status_of(const task_state& t) noexcept {
+  transfer_status out;
+  out.state = t.state.load(std::memory_order_acquire);
+  out.transferred_bytes = t.bytes.load(std::memory_order_relaxed);
+  if (is_final(out.state) && out.state != transfer_state::completed) {
+    out.reason = t.reason.load(std::memory_order_relaxed);
+    if (const std::string* p = t.failed_path.load(std::memory_order_relaxed)) {
+      out.failed_local_device = t.failed_device.load(std::memory_order_relaxed);
+      out.failed_peer_path = *p;
+    }
+  }
+  return out;
 }
 
 }  // namespace tide::rdma::detail

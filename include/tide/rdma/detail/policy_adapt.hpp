@@ -21,12 +21,12 @@ template <class P>
   return P::shard_hash::shard(shard_key{target, peer_device, peer_path}, shards);
 }
 
-/// True when P's idle strategy sleeps on the completion channel, so a worker
-/// with completions outstanding may hand its wait to it; the others would
-/// sleep past a completion, so such a worker keeps polling (as Mooncake's:
-/// idle only when every submitted slice is processed).
+/// True when P's idle strategy wakes on a completion, so a worker with
+/// completions outstanding may hand its wait to it; the others would sleep
+/// past a completion, so such a worker keeps polling (as Mooncake's: idle
+/// only when every submitted slice is processed).
 template <class P>
-inline constexpr bool kIdleWaitsOnCq = P::idle::kName == std::string_view("cq_event");
+inline constexpr bool kIdleWaitsOnCq = P::idle::wakes_on_completion;
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)

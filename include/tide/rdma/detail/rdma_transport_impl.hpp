@@ -87,25 +87,79 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
     if (overlaps_next || overlaps_prev)
       return fail(errc::already_registered, "register_memory: [" + std::to_string(b->addr) + ", +" +
                                                 std::to_string(len) + ") overlaps a registered buffer");
+    // Ids are never reused: a peer may still hold one of a buffer long gone.
+    if (next_buffer_id_ == transfer_request::kRawAddress)
+      return fail(errc::resource_exhausted, "register_memory: all 2^32-1 buffer ids of this engine are used");
+    b->id = next_buffer_id_++;
     local_.insert(it, std::move(b));
   }
   return do_publish ? publish() : status{};
 }
 
 template <class P>
-status rdma_transport<P>::unregister_memory(void* addr, bool do_publish) {
+bool rdma_transport<P>::drain(const std::atomic<std::size_t>& count) noexcept {
+  const auto until = std::chrono::steady_clock::now() + cfg_.transfer_timeout + std::chrono::seconds(10);
+  auto next_expiry = std::chrono::steady_clock::now();
+  while (count.load(std::memory_order_acquire) != 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > until) return false;
+    // Tasks past their deadline stop (their unposted slices drop) even when
+    // nobody polls their batch.
+    if (now >= next_expiry) {
+      batches_->expire_all();
+      next_expiry = now + std::chrono::milliseconds(50);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+template <class P>
+status rdma_transport<P>::unregister_memory(void* addr, bool do_publish, in_flight mode) {
+  const auto a = reinterpret_cast<std::uint64_t>(addr);
+  auto busy = [&](std::size_t n, const char* what) {
+    return fail(errc::busy, "unregister_memory: " + std::to_string(n) + " slice(s) of submitted transfers " + what +
+                                " buffer " + std::to_string(a) +
+                                "; wait for them, or pass tide::in_flight::drain or in_flight::cancel");
+  };
+  local_buffer* b = nullptr;
+  {
+    std::unique_lock lock(local_mu_);
+    auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x->addr == a; });
+    if (it == local_.end() || (*it)->closing.load(std::memory_order_relaxed))
+      return fail(errc::not_registered, "unregister_memory: no buffer starts at " + std::to_string(a));
+    b = it->get();
+    // Submits count under the shared lock, so this count is exact.
+    const std::size_t n = b->inflight.load(std::memory_order_acquire);
+    if (n != 0 && mode == in_flight::reject) return busy(n, "still use");
+    b->closing.store(true, std::memory_order_relaxed);  // submit and retries treat it as gone
+  }
+  if (mode == in_flight::cancel) {
+    const std::atomic<std::size_t>* counter = &b->inflight;
+    batches_->cancel_where([counter](const detail::task_state& t) { return t.local_inflight == counter; });
+  }
+  if (!drain(b->inflight)) {
+    b->closing.store(false, std::memory_order_relaxed);
+    return busy(b->inflight.load(), "did not finish within transfer_timeout + 10 s on");
+  }
   std::unique_ptr<local_buffer> gone;
   {
     std::unique_lock lock(local_mu_);
-    const auto a = reinterpret_cast<std::uint64_t>(addr);
-    auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x->addr == a; });
-    if (it == local_.end())
-      return fail(errc::not_registered, "unregister_memory: no buffer starts at " + std::to_string(a));
+    auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x.get() == b; });
     gone = std::move(*it);
     local_.erase(it);
   }
-  gone.reset();  // the MRs deregister here
+  gone.reset();  // the MRs deregister here, with no WR left that uses them
   return do_publish ? publish() : status{};
+}
+
+template <class P>
+result<std::uint32_t> rdma_transport<P>::buffer_id(const void* addr) const {
+  std::shared_lock lock(local_mu_);
+  const auto a = reinterpret_cast<std::uint64_t>(addr);
+  for (const auto& b : local_)
+    if (b->addr == a && !b->closing.load(std::memory_order_relaxed)) return b->id;
+  return fail(errc::not_registered, "buffer_id: no buffer starts at " + std::to_string(a));
 }
 
 template <class P>
@@ -128,8 +182,14 @@ segment_desc rdma_transport<P>::local_segment() const {
   }
   for (const auto& [key, lists] : matrix_.lists()) d.priority[key] = priority_entry{lists.first, lists.second};
   std::shared_lock lock(local_mu_);
-  for (const auto& b : local_) {
+  // In id (= registration) order, so a peer that indexes buffers[] (no ids)
+  // sees the order they were registered in.
+  std::vector<const local_buffer*> by_id;
+  for (const auto& b : local_) by_id.push_back(b.get());
+  std::sort(by_id.begin(), by_id.end(), [](const local_buffer* x, const local_buffer* y) { return x->id < y->id; });
+  for (const local_buffer* b : by_id) {
     buffer_desc bd;
+    bd.id = b->id;
     bd.name = b->location_text;
     bd.addr = b->addr;
     bd.length = b->length;
@@ -153,6 +213,7 @@ const local_buffer* rdma_transport<P>::find_local(std::uint64_t addr, std::uint6
   if (it == local_.begin()) return nullptr;
   const local_buffer& b = **(it - 1);
   if (len > b.length || addr - b.addr > b.length - len) return nullptr;
+  if (b.closing.load(std::memory_order_relaxed)) return nullptr;
   return &b;
 }
 
@@ -163,8 +224,42 @@ status rdma_transport<P>::set_segment(segment_id id, const segment_desc& d) {
   auto seg = remote_segment::resolve(d);
   if (!seg) return fail(seg.error());
   std::unique_lock lock(seg_mu_);
-  if (segments_.size() <= id) segments_.resize(id + 1);
-  segments_[id] = std::move(*seg);
+  while (segments_.size() <= id) segments_.push_back(std::make_unique<segment_slot>());
+  segments_[id]->view = std::move(*seg);
+  return {};
+}
+
+template <class P>
+std::size_t rdma_transport<P>::segment_inflight(segment_id id) const noexcept {
+  std::shared_lock lock(seg_mu_);
+  return id < segments_.size() ? segments_[id]->inflight.load(std::memory_order_acquire) : 0;
+}
+
+template <class P>
+status rdma_transport<P>::quiesce_segment(segment_id id, in_flight mode) noexcept {
+  segment_slot* slot = nullptr;
+  {
+    std::shared_lock lock(seg_mu_);
+    if (id < segments_.size()) slot = segments_[id].get();
+  }
+  if (slot == nullptr) return {};
+  const std::size_t n = slot->inflight.load(std::memory_order_acquire);
+  if (n == 0) return {};
+  try {
+    if (mode == in_flight::reject)
+      return fail(errc::busy, "close_segment: " + std::to_string(n) + " slice(s) of submitted transfers to segment " +
+                                  std::to_string(id) + " in flight; wait for them, or pass tide::in_flight::drain or "
+                                  "in_flight::cancel");
+    if (mode == in_flight::cancel) {
+      const std::atomic<std::size_t>* counter = &slot->inflight;
+      batches_->cancel_where([counter](const detail::task_state& t) { return t.segment_inflight == counter; });
+    }
+    if (!drain(slot->inflight))
+      return fail(errc::busy, "close_segment: " + std::to_string(slot->inflight.load()) + " slice(s) to segment " +
+                                  std::to_string(id) + " did not finish within transfer_timeout + 10 s");
+  } catch (const std::bad_alloc&) {
+    return fail(error{errc::busy, {}});
+  }
   return {};
 }
 
@@ -173,7 +268,7 @@ void rdma_transport<P>::drop_segment(segment_id id) {
   std::shared_ptr<const remote_segment> old;
   {
     std::unique_lock lock(seg_mu_);
-    if (id < segments_.size()) old = std::move(segments_[id]);
+    if (id < segments_.size()) old = std::move(segments_[id]->view);
   }
   // Its endpoints go too (those with work in flight drain first).
   if (old)
@@ -197,10 +292,27 @@ int rdma_transport<P>::pick_local(const local_buffer& b, std::uint64_t offset, u
 }
 
 template <class P>
-status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) {
+status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) noexcept {
+  try {
+    return submit_or_throw(id, requests);
+  } catch (const std::bad_alloc&) {
+    // Every allocation happens before the batch or a counter changes, so
+    // nothing was submitted.  No detail: building one could throw again.
+    return fail(error{errc::out_of_memory, {}});
+  } catch (...) {
+    return fail(error{errc::out_of_memory, {}});
+  }
+}
+
+// May throw std::bad_alloc, and only before it changes anything: the scratch
+// vector and the tasks' slice vectors are sized before the first task or
+// in-flight counter is touched.
+template <class P>
+status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_request> requests) {
   detail::batch_state* b = batches_->lookup(id);
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
+  if (!batch_table::still(*b, id)) return fail(errc::unknown_batch, "submit: batch " + std::to_string(id) + " was freed");
   const std::size_t used = b->used.load(std::memory_order_relaxed);
   if (requests.size() > b->capacity - used)
     return fail(errc::batch_full, "submit: " + std::to_string(requests.size()) + " request(s) but the batch has room for " +
@@ -210,6 +322,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
   struct resolved {
     const local_buffer* local;
     std::shared_ptr<const remote_segment> seg;
+    segment_slot* slot;
     int peer_buffer;
     std::uint64_t remote_addr;
   };
@@ -237,20 +350,29 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     for (int attempt = 0; attempt < 2; ++attempt) {
       {
         std::shared_lock seg_lock(seg_mu_);
-        res[i].seg = r.target < segments_.size() ? segments_[r.target] : nullptr;
+        res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
+        res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
       }
+      // The peer rejected one of this view's rkeys: read its descriptor again
+      // first, so a buffer it unregistered is out_of_bounds here.
+      if (attempt == 0 && res[i].slot != nullptr && res[i].slot->stale.load(std::memory_order_relaxed) &&
+          res[i].slot->stale.exchange(false, std::memory_order_relaxed) && refresh_ && refresh_(r.target))
+        continue;
       if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
       const remote_segment& seg = *res[i].seg;
       if (r.buffer != transfer_request::kRawAddress) {
-        if (r.buffer >= seg.buffers.size())
-          return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has " + std::to_string(seg.buffers.size()) +
-                                               " buffer(s), no buffer " + std::to_string(r.buffer));
-        const auto& pb = seg.buffers[r.buffer];
+        const int idx = seg.find_id(r.buffer);
+        // The forced refresh: the peer may have registered the buffer since.
+        if (idx < 0 && attempt == 0 && refresh_ && refresh_(r.target)) continue;
+        if (idx < 0)
+          return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has no buffer with id " +
+                                               std::to_string(r.buffer) + " (never registered, or unregistered)");
+        const auto& pb = seg.buffers[static_cast<std::size_t>(idx)];
         if (r.target_offset > pb.length || r.length > pb.length - r.target_offset)
           return fail(errc::out_of_bounds, where() + "offset " + std::to_string(r.target_offset) + " + length " +
-                                               std::to_string(r.length) + " exceeds buffer " + std::to_string(r.buffer) +
+                                               std::to_string(r.length) + " exceeds buffer id " + std::to_string(r.buffer) +
                                                " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
-        res[i].peer_buffer = static_cast<int>(r.buffer);
+        res[i].peer_buffer = idx;
         res[i].remote_addr = pb.addr + r.target_offset;
         break;
       }
@@ -262,6 +384,14 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
       return fail(errc::out_of_bounds, where() + "[" + std::to_string(r.target_offset) + ", +" + std::to_string(r.length) +
                                            ") is outside every buffer of segment " + seg.name);
     }
+  }
+
+  // Every allocation first (the slice vectors keep their capacity across
+  // reuses, so this is free in the steady state).
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const std::size_t q = requests[i].length / cfg_.slice_size;
+    const std::size_t rem = requests[i].length % cfg_.slice_size;
+    b->tasks[used + i].slices.reserve(rem == 0 ? q : (rem <= cfg_.fragment_limit && q >= 1 ? q : q + 1));
   }
 
   // Build the slices and chain them per (context, shard): one push per chain.
@@ -278,14 +408,7 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
     const std::size_t q = r.length / ss;
     const std::size_t rem = r.length % ss;
     const std::size_t n = rem == 0 ? q : (rem <= frag && q >= 1 ? q : q + 1);
-    t.slices.resize(n);
-    t.target = r.target;
-    t.deadline = now + cfg_.transfer_timeout;
-    t.bytes.store(0, std::memory_order_relaxed);
-    t.reason.store(errc::ok, std::memory_order_relaxed);
-    t.any_failed.store(false, std::memory_order_relaxed);
-    t.slices_left.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
-    t.state.store(transfer_state::pending, std::memory_order_relaxed);
+    detail::reset_task(t, n, r.target, now + cfg_.transfer_timeout);
     const local_buffer& lb = *res[i].local;
     const remote_segment& seg = *res[i].seg;
     const remote_buffer& pb = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)];
@@ -318,6 +441,11 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
       off += len;
     }
     t.keep_alive = res[i].seg;
+    // Counted under the local table's shared lock: unregister_memory sees it.
+    t.local_inflight = &lb.inflight;
+    t.segment_inflight = &res[i].slot->inflight;
+    t.local_inflight->fetch_add(n, std::memory_order_relaxed);
+    t.segment_inflight->fetch_add(n, std::memory_order_relaxed);
     total += n;
   }
   local_lock.unlock();
@@ -355,8 +483,17 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
 template <class P>
 void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   detail::task_state& t = *s.task;
-  const bool final = is_final(t.state.load(std::memory_order_acquire));
-  const bool retriable = e != errc::canceled && e != errc::timed_out && !final;
+  // The first wire error is the task's cause even when a retry succeeds
+  // for this slice (a later failure of another slice then names it).
+  detail::note_cause(t, e, &s);
+  if (e == errc::remote_access_error) {
+    std::shared_lock lock(seg_mu_);
+    if (t.target < segments_.size()) segments_[t.target]->stale.store(true, std::memory_order_relaxed);
+  }
+  // A task marked to stop (timeout, cancel) is not retried: it becomes
+  // final once its slices have all retired.
+  const bool stopping = detail::should_drop(s) != errc::ok;
+  const bool retriable = e != errc::canceled && e != errc::timed_out && !stopping;
   if (!retriable || s.retries >= cfg_.max_retry) {
     detail::retire_slice(s, e);
     return;

@@ -1,0 +1,302 @@
+// rdma::batch_table and the slice -> task -> batch roll-up, without devices:
+// ids (stale, never allocated, exhausted), concurrent allocate / free /
+// lookup (run under TSan by tools/sanitize), first cause, final means final.
+#include <tide/rdma/batch_table.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using namespace tide;
+using rdma::batch_table;
+
+namespace {
+
+std::unique_ptr<batch_table> make_table(std::size_t max_batches) {
+  auto t = batch_table::create(max_batches);
+  REQUIRE(t);
+  return std::move(*t);
+}
+
+// Submits `slices` slices per task to `tasks` tasks of `b` the way the
+// transport's submit does (reset, then publish `used`).
+void fake_submit(rdma::detail::batch_state& b, std::size_t tasks, std::size_t slices,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  std::lock_guard lock(b.submit_mu);
+  const std::size_t used = b.used.load();
+  for (std::size_t i = used; i < used + tasks; ++i) {
+    rdma::detail::reset_task(b.tasks[i], slices, 0, std::chrono::steady_clock::now() + timeout);
+    for (auto& s : b.tasks[i].slices) {
+      s = {};
+      s.task = &b.tasks[i];
+      s.length = 10;
+    }
+  }
+  b.unfinished.fetch_add(tasks);
+  b.inflight.fetch_add(tasks * slices);
+  b.used.store(used + tasks);
+}
+
+std::chrono::milliseconds stress_duration() {
+  const char* ms = std::getenv("TIDE_STRESS_MS");
+  return std::chrono::milliseconds(ms != nullptr ? std::atoi(ms) : 500);
+}
+
+}  // namespace
+
+TEST_CASE("batch_table: never-allocated, freed and stale ids are unknown_batch") {
+  auto t = make_table(4);
+  CHECK(t->lookup(0) == nullptr);
+  CHECK(t->task_status(0, 0).error().code == errc::unknown_batch);
+  CHECK(t->batch_status(3).error().code == errc::unknown_batch);
+  CHECK(t->wait(1, std::chrono::milliseconds(1)).error().code == errc::unknown_batch);
+  CHECK(t->cancel(2).error().code == errc::unknown_batch);
+  CHECK(t->free(2).error().code == errc::unknown_batch);
+  CHECK(t->lookup(batch_id{1} << 40) == nullptr);  // slot beyond max_batches
+
+  const batch_id a = t->allocate(2).value();
+  REQUIRE(t->lookup(a) != nullptr);
+  CHECK(t->batch_status(a).value().state == transfer_state::waiting);
+  CHECK(t->task_status(a, 0).error().code == errc::unknown_task);
+  REQUIRE(t->free(a));
+  CHECK(t->lookup(a) == nullptr);
+  CHECK(t->free(a).error().code == errc::unknown_batch);
+  // The slot is reused under a new generation; the old id stays dead.
+  const batch_id b = t->allocate(2).value();
+  CHECK((b & 0xffffffffu) == (a & 0xffffffffu));
+  CHECK(b != a);
+  CHECK(t->lookup(a) == nullptr);
+  CHECK(t->lookup(b) != nullptr);
+  CHECK(t->batch_status(a).error().code == errc::unknown_batch);
+}
+
+TEST_CASE("batch_table: exhausting max_batches names the limit; freeing makes room") {
+  auto t = make_table(3);
+  std::vector<batch_id> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(t->allocate(1).value());
+  auto r = t->allocate(1);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::resource_exhausted);
+  CHECK(r.error().detail.find("all 3 batches") != std::string::npos);
+  CHECK(r.error().detail.find("max_batches") != std::string::npos);
+  CHECK(t->live_batches() == 3);
+  REQUIRE(t->free(ids[1]));
+  CHECK(t->allocate(1));
+  CHECK(t->allocate(0).error().code == errc::capacity_zero);
+  CHECK(batch_table::create(0).error().code == errc::config_invalid);
+}
+
+TEST_CASE("batch_table: a slot too small for a new batch keeps its old batch alive") {
+  auto t = make_table(1);
+  const batch_id a = t->allocate(2).value();
+  rdma::detail::batch_state* old = t->lookup(a);
+  REQUIRE(old != nullptr);
+  REQUIRE(t->free(a));
+  const batch_id b = t->allocate(100).value();  // replaces the batch of the only slot
+  rdma::detail::batch_state* now = t->lookup(b);
+  REQUIRE(now != nullptr);
+  CHECK(now != old);
+  CHECK(now->capacity >= 100);
+  // A late reader of the old batch still reads owned memory, and a dead tag.
+  CHECK_FALSE(batch_table::still(*old, a));
+  CHECK_FALSE(batch_table::still(*old, b));
+  CHECK(old->used.load() == 0);
+}
+
+TEST_CASE("batch_table: free of a batch with slices in flight is batch_busy, naming the counts") {
+  auto t = make_table(2);
+  const batch_id id = t->allocate(2).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 2, 3);
+  auto r = t->free(id);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::batch_busy);
+  CHECK(r.error().detail.find("2 task(s) unfinished, 6 slice(s) in flight") != std::string::npos);
+  for (std::size_t i = 0; i < 2; ++i)
+    for (auto& s : b->tasks[i].slices) rdma::detail::retire_slice(s, errc::ok);
+  CHECK(t->batch_status(id).value().state == transfer_state::completed);
+  CHECK(t->batch_status(id).value().transferred_bytes == 60);
+  CHECK(t->free(id));
+}
+
+TEST_CASE("first cause: the first error stays; flushes give way and never overwrite") {
+  auto t = make_table(1);
+  const batch_id id = t->allocate(3).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 3, 3);
+  const std::string peer = "10.47.0.2:15000@rxe1";
+  for (std::size_t i = 0; i < 3; ++i)
+    for (auto& s : b->tasks[i].slices) {
+      s.peer_path = &peer;
+      s.local_device = 1;
+    }
+  // Task 0: a remote access error, then flushes.
+  auto& t0 = b->tasks[0].slices;
+  rdma::detail::retire_slice(t0[0], errc::remote_access_error);
+  rdma::detail::retire_slice(t0[1], errc::work_request_flushed);
+  rdma::detail::retire_slice(t0[2], errc::work_request_flushed);
+  auto s0 = t->task_status(id, 0).value();
+  CHECK(s0.state == transfer_state::failed);
+  CHECK(s0.reason == errc::remote_access_error);
+  CHECK(s0.failed_local_device == 1);
+  CHECK(s0.failed_peer_path == peer);
+  // Task 1: a flush first, then the error that caused it.
+  auto& t1 = b->tasks[1].slices;
+  rdma::detail::retire_slice(t1[0], errc::work_request_flushed);
+  rdma::detail::retire_slice(t1[1], errc::transport_retry_exceeded);
+  rdma::detail::retire_slice(t1[2], errc::remote_operation_error);
+  CHECK(t->task_status(id, 1).value().reason == errc::transport_retry_exceeded);
+  // Task 2: timed out first; the flushes that follow do not replace it.
+  rdma::detail::stop_task(b->tasks[2], transfer_state::timeout, errc::timed_out);
+  for (auto& s : b->tasks[2].slices) rdma::detail::retire_slice(s, errc::work_request_flushed);
+  auto s2 = t->task_status(id, 2).value();
+  CHECK(s2.state == transfer_state::timeout);
+  CHECK(s2.reason == errc::timed_out);
+  // The batch reports its first failed task's cause.
+  CHECK(t->batch_status(id).value().reason == errc::remote_access_error);
+}
+
+TEST_CASE("final means final: TIMEOUT and CANCELED wait for the last slice to retire") {
+  auto t = make_table(2);
+  const batch_id id = t->allocate(2).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 2, 2, std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Past its deadline: marked, but its WRs are still out, so not final.
+  CHECK(t->task_status(id, 0).value().state == transfer_state::pending);
+  CHECK(b->tasks[0].stop.load() == transfer_state::timeout);
+  CHECK(t->wait(id, std::chrono::milliseconds(150)).error().code == errc::timed_out);
+  // Slices not yet posted are dropped.
+  CHECK(rdma::detail::should_drop(b->tasks[0].slices[1]) == errc::timed_out);
+  std::atomic<bool> woke{false};
+  std::thread waiter([&] {
+    CHECK(t->wait(id, std::chrono::seconds(10)));
+    woke = true;
+  });
+  for (std::size_t i = 0; i < 2; ++i) {
+    rdma::detail::retire_slice(b->tasks[i].slices[0], errc::ok);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK_FALSE(woke.load());
+    CHECK(t->task_status(id, i).value().state == transfer_state::pending);
+    rdma::detail::retire_slice(b->tasks[i].slices[1], errc::timed_out);
+    CHECK(t->task_status(id, i).value().state == transfer_state::timeout);
+  }
+  waiter.join();
+  CHECK(woke.load());
+  CHECK(t->batch_status(id).value().state == transfer_state::timeout);
+  CHECK(t->task_status(id, 0).value().transferred_bytes == 10);
+  REQUIRE(t->free(id));
+
+  // Cancel: the same, and slices submitted after the cancel are dropped too.
+  const batch_id c = t->allocate(2).value();
+  b = t->lookup(c);
+  fake_submit(*b, 1, 2);
+  REQUIRE(t->cancel(c));
+  CHECK(t->task_status(c, 0).value().state == transfer_state::pending);
+  rdma::detail::retire_slice(b->tasks[0].slices[0], errc::work_request_flushed);
+  rdma::detail::retire_slice(b->tasks[0].slices[1], errc::canceled);
+  auto st = t->task_status(c, 0).value();
+  CHECK(st.state == transfer_state::canceled);
+  CHECK(st.reason == errc::canceled);
+  fake_submit(*b, 1, 1);
+  CHECK(rdma::detail::should_drop(b->tasks[1].slices[0]) == errc::canceled);
+  rdma::detail::retire_slice(b->tasks[1].slices[0], errc::canceled);
+  CHECK(t->task_status(c, 1).value().state == transfer_state::canceled);
+  CHECK(t->wait(c, std::chrono::seconds(1)));
+  CHECK(t->free(c));
+}
+
+TEST_CASE("batch_table: concurrent allocate / free / lookup / status never mix batches up") {
+  // Two owners allocate, submit, retire and free their own batches over
+  // and over (sizes vary, so slots get replaced); two readers hammer every
+  // id ever handed out.  A reader must see either unknown_batch or the
+  // owner's own batch, never another's state.
+  auto t = make_table(8);
+  std::atomic<bool> stop{false};
+  std::vector<std::atomic<batch_id>> seen(64);
+  for (auto& s : seen) s = 0;
+  std::atomic<std::size_t> next_seen{0};
+  std::atomic<std::uint64_t> cycles{0}, hits{0}, misses{0}, exhausted{0};
+  auto owner = [&](int seed) {
+    std::size_t cap = 1 + static_cast<std::size_t>(seed);
+    while (!stop.load(std::memory_order_relaxed)) {
+      cap = cap % 37 + 1;
+      auto id = t->allocate(cap);
+      if (!id) {
+        CHECK(id.error().code == errc::resource_exhausted);
+        ++exhausted;
+        continue;
+      }
+      seen[next_seen.fetch_add(1) % seen.size()].store(*id);
+      auto* b = t->lookup(*id);
+      REQUIRE(b != nullptr);
+      REQUIRE(b->capacity >= cap);
+      fake_submit(*b, cap, 2);
+      for (std::size_t i = 0; i < cap; ++i)
+        for (auto& s : b->tasks[i].slices) rdma::detail::retire_slice(s, errc::ok);
+      auto st = t->batch_status(*id);
+      REQUIRE(st);
+      CHECK(st->state == transfer_state::completed);
+      CHECK(st->transferred_bytes == cap * 20);
+      REQUIRE(t->free(*id));
+      ++cycles;
+    }
+  };
+  auto reader = [&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      for (auto& s : seen) {
+        const batch_id id = s.load();
+        if (auto st = t->batch_status(id)) {
+          ++hits;
+          CHECK(st->state != transfer_state::failed);
+        } else {
+          CHECK(st.error().code == errc::unknown_batch);
+          ++misses;
+        }
+        (void)t->lookup(id ^ (batch_id{1} << 32));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(owner, 1);
+  threads.emplace_back(owner, 5);
+  threads.emplace_back(reader);
+  threads.emplace_back(reader);
+  // An allocator that fills the table to its limit now and then.
+  threads.emplace_back([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      std::vector<batch_id> held;
+      while (auto id = t->allocate(3)) held.push_back(*id);
+      for (batch_id id : held) CHECK(t->free(id));
+    }
+  });
+  std::this_thread::sleep_for(stress_duration());
+  stop = true;
+  for (auto& th : threads) th.join();
+  MESSAGE("cycles " << cycles.load() << ", reads hit " << hits.load() << ", missed " << misses.load()
+                    << ", exhausted " << exhausted.load());
+  CHECK(cycles.load() > 0);
+  CHECK(t->live_batches() == 0);
+}
+
+TEST_CASE("no exceptions on the hot path: a batch too big for memory is out_of_memory, not bad_alloc") {
+  auto t = make_table(2);
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)  // their allocators abort instead
+  auto r = t->allocate(std::size_t{1} << 30);  // ~2^30 tasks: far more than this host has
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::out_of_memory);
+  CHECK(r.error().detail.find("1073741824 tasks") != std::string::npos);
+#endif
+  // The table is intact.
+  const batch_id id = t->allocate(4).value();
+  CHECK(t->free(id));
+  static_assert(noexcept(t->allocate(1)) && noexcept(t->free(1)) && noexcept(t->task_status(1, 0)) &&
+                noexcept(t->batch_status(1)) && noexcept(t->wait(1, std::declval<std::chrono::milliseconds>())) &&
+                noexcept(t->cancel(1)));
+}
