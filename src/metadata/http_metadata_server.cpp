@@ -102,7 +102,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
       if (ec == bhttp::error::body_limit) {
         respond(error_reply(bhttp::status::payload_too_large,
                             "value too large: over max_value_bytes = " + std::to_string(srv_.cfg.max_value_bytes) + "\n"),
-                false);
+                false, /*linger=*/true);
         return;
       }
       return close();
@@ -120,13 +120,35 @@ class http_session : public std::enable_shared_from_this<http_session> {
     return res;
   }
 
-  void respond(bhttp::response<bhttp::string_body> res, bool keep_alive) {
+  // `linger`: the reply came before the client finished sending (413); see linger_close.
+  void respond(bhttp::response<bhttp::string_body> res, bool keep_alive, bool linger = false) {
     res_ = std::move(res);
     res_.keep_alive(keep_alive);
     stream_.expires_after(srv_.cfg.request_timeout);
-    bhttp::async_write(stream_, res_, [self = shared_from_this(), keep_alive](const error_code& ec, std::size_t) {
-      if (ec || !keep_alive) return self->close();
+    bhttp::async_write(stream_, res_, [self = shared_from_this(), keep_alive, linger](const error_code& ec, std::size_t) {
+      if (ec) return self->close();
+      if (linger) return self->linger_close();
+      if (!keep_alive) return self->close();
       self->read();
+    });
+  }
+
+  // A lingering close: closing a socket with unread bytes resets the
+  // connection, and the reset can destroy the reply before the client, still
+  // sending its body, reads it ("Broken pipe" instead of 413).  So stop
+  // sending, then read and discard until the client closes or the request
+  // timeout passes.  Nothing is buffered beyond sink_.
+  void linger_close() {
+    error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(srv_.cfg.request_timeout);
+    discard();
+  }
+
+  void discard() {
+    stream_.async_read_some(asio::buffer(sink_), [self = shared_from_this()](const error_code& ec, std::size_t) {
+      if (ec || self->srv_.closed) return self->stream_.close();
+      self->discard();
     });
   }
 
@@ -137,6 +159,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   http_metadata_server::impl& srv_;
+  std::array<char, 16384> sink_{};  ///< linger_close's discard buffer
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;

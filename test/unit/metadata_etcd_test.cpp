@@ -210,6 +210,8 @@ TEST_CASE("etcd stopped -> metadata_unavailable within the timeout; started agai
   }
   SUBCASE("frozen (SIGSTOP) and thawed") {
     c.process(0).signal(SIGSTOP);
+    // kill() returns before every thread of etcd has stopped.
+    REQUIRE(tide::test::wait_stopped(c.process(0).pid()));
     const auto t0 = clock_type::now();
     auto r = cache.open("peer");
     const auto took = elapsed_ms(t0);

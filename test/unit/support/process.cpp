@@ -71,14 +71,19 @@ int child_process::terminate(std::chrono::milliseconds grace) noexcept {
   if (pid_ <= 0) return -1;
   ::kill(pid_, SIGCONT);
   ::kill(pid_, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
+  return wait_exit(grace);
+}
+
+int child_process::wait_exit(std::chrono::milliseconds timeout) noexcept {
+  if (pid_ <= 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     int st = 0;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   kill();
   return -1;
@@ -265,31 +270,8 @@ std::size_t resident_bytes() {
 }
 
 int run_to_completion(std::vector<std::string> argv, const std::string& log_path, std::chrono::milliseconds timeout) {
-  REQUIRE(!argv.empty());
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  REQUIRE_MESSAGE(fd >= 0, "cannot open " << log_path);
-  const pid_t pid = ::fork();
-  REQUIRE_MESSAGE(pid >= 0, "fork failed");
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(fd);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    int st = 0;
-    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
+  child_process p(std::move(argv), log_path);
+  return p.wait_exit(timeout);
 }
 
 std::size_t resident_bytes(pid_t pid) {

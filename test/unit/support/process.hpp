@@ -33,6 +33,9 @@ class child_process {
   /// SIGTERM, wait up to `grace`, then SIGKILL; reaps.  Returns the exit status
   /// (or -1 when it had to be killed).
   int terminate(std::chrono::milliseconds grace = std::chrono::seconds(3)) noexcept;
+  /// Waits up to `timeout` for it to exit; returns its exit status (128 +
+  /// signal when killed by one), or -1 after killing it at the deadline.
+  int wait_exit(std::chrono::milliseconds timeout) noexcept;
   /// Waits until the log contains `needle`; returns that line.
   [[nodiscard]] std::optional<std::string> wait_for_log(const std::string& needle,
                                                         std::chrono::milliseconds timeout) const;
