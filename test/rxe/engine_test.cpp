@@ -499,11 +499,16 @@ TEST_CASE("endpoint capacity 2 with four peers in flight: no failure, evicted en
   }
   for (int i = 0; i < kPeers; ++i) CHECK(same(la.data + i * kSize, mems[i]->data, kSize));
   auto& ctx = a->transport().context(0);
+  // Endpoints that are connecting or have posted work are pinned, so the
+  // store may grow past 2 during a round; the monitor trims it back after.
+  for (int i = 0; i < 50 && ctx.live_endpoints() > 2; ++i) std::this_thread::sleep_for(100ms);
   CHECK(ctx.live_endpoints() <= 2);
   const auto stats = ctx.stats();
   MESSAGE("endpoints created " << stats.endpoints_created << ", live " << stats.endpoints_live << ", draining "
                                << stats.endpoints_draining);
-  CHECK(stats.endpoints_created > 2);
+  // An insert that evicts the endpoint still connecting for the one before
+  // thrashes: 4533 endpoints for these 12 transfers before pinning.
+  CHECK(stats.endpoints_created <= 3 * kPeers * 2);
   for (int i = 0; i < 50 && ctx.draining_endpoints() != 0; ++i) std::this_thread::sleep_for(100ms);
   CHECK(ctx.draining_endpoints() == 0);
 }

@@ -417,13 +417,17 @@ TEST_CASE("a WRITE to a stale rkey fails its endpoint with remote_access_error; 
   CHECK_MESSAGE(bad.error().code == tide::errc::remote_access_error, bad.error().message());
   REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sc, 0, 0, kSize)));
   REQUIRE(std::memcmp(ma.data, mc.data, kSize) == 0);
-  // b registers again; a refreshes its view and writes again.
+  // b registers again (a new buffer id: ids are never reused); a refreshes
+  // its view and writes again.
   REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));
+  const auto id = b->buffer_id(mb.data);
+  REQUIRE(id);
+  CHECK(*id != 0);
   REQUIRE(a->close_segment(*sb));
   sb = a->open_segment(b->segment_name());
   REQUIRE(sb);
   fill(ma.data, kSize, 4);
-  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, 0, 0, kSize)));
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, *id, 0, kSize)));
   REQUIRE(std::memcmp(ma.data, mb.data, kSize) == 0);
 }
 

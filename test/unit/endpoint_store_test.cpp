@@ -359,3 +359,73 @@ TEST_CASE_TEMPLATE("endpoint_store: concurrent find/insert/erase/evict/reclaim",
   s.reset();
   CHECK(t.made == t.destroyed);
 }
+
+namespace {
+// An endpoint that says when it is pinned (a handshake or posted work).
+struct pin_endpoint {
+  explicit pin_endpoint(std::atomic<bool>& p) : pin(p) {}
+  std::size_t outstanding() const noexcept { return 0; }
+  void on_evict() noexcept {}
+  bool pinned() const noexcept { return pin.load(std::memory_order_relaxed); }
+  std::atomic<bool>& pin;
+};
+}  // namespace
+
+// With async connects, an insert used to evict the endpoint still connecting
+// for the previous insert: capacity 2 with four peers made thousands of
+// endpoints.  Pinned entries are passed over; the store grows past capacity
+// only while everything is pinned and shrinks back when pins lift.
+TEST_CASE_TEMPLATE("endpoint_store: pinned entries are passed over, capacity is soft while all are pinned",
+                   TestType, tide::policy::sieve, tide::policy::fifo, tide::policy::lru) {
+  using store = tide::endpoint_store<pin_endpoint, TestType>;
+  auto made = store::create(2);
+  REQUIRE(made.has_value());
+  auto& s = **made;
+  std::atomic<bool> pins[5] = {true, true, false, false, false};
+  auto make = [&](int i) {
+    return [&, i](std::string_view) -> tide::result<std::unique_ptr<pin_endpoint>> {
+      return std::make_unique<pin_endpoint>(pins[i]);
+    };
+  };
+  REQUIRE(s.get_or_insert("a", make(0)).has_value());
+  REQUIRE(s.get_or_insert("b", make(1)).has_value());
+  // Both pinned: "c" goes in past the capacity, nothing is evicted.
+  REQUIRE(s.get_or_insert("c", make(2)).has_value());
+  CHECK(s.size() == 3);
+  CHECK(s.contains("a"));
+  CHECK(s.contains("b"));
+  // "c" is not pinned: the next insert evicts it, never a pinned one.
+  REQUIRE(s.get_or_insert("d", make(3)).has_value());
+  CHECK_FALSE(s.contains("c"));
+  CHECK(s.contains("a"));
+  CHECK(s.contains("b"));
+  CHECK(s.size() == 3);
+  // Pins lift: the next insert brings the store back under its capacity.
+  pins[0] = false;
+  pins[1] = false;
+  REQUIRE(s.get_or_insert("e", make(4)).has_value());
+  CHECK(s.size() == 2);
+  CHECK(s.contains("e"));
+  // trim() (the monitor's) shrinks a store that grew while all were pinned.
+  REQUIRE(s.get_or_insert("g", make(0)).has_value());
+  pins[0] = true;
+  pins[4] = true;
+  REQUIRE(s.get_or_insert("h", make(2)).has_value());  // e and g pinned: grows to 3
+  CHECK(s.size() == 3);
+  pins[0] = false;
+  pins[4] = false;
+  CHECK(s.trim() == 1);
+  CHECK(s.size() == 2);
+  CHECK(s.trim() == 0);
+  // A handle held by a user pins an entry too (a lane about to post on it).
+  std::string held_key;
+  decltype(s.find("")) held;
+  for (const char* k : {"e", "g", "h"})
+    if (!held && (held = s.find(k))) held_key = k;
+  REQUIRE(held);
+  for (const char* k : {"f", "i"}) {
+    REQUIRE(s.get_or_insert(k, make(3)).has_value());
+    CHECK(s.contains(held_key));
+    CHECK(s.size() == 2);
+  }
+}

@@ -186,6 +186,14 @@ class endpoint {
   /// store's acquire load of outstanding()).
   void release(std::size_t n = 1) noexcept { outstanding_.fetch_sub(n, std::memory_order_release); }
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
+  /// The store passes over it when choosing a victim: a handshake is in
+  /// flight, or WRs / lane messages are outstanding (evicting it would throw
+  /// that work away and make the next insert start over).  Any thread.
+  [[nodiscard]] bool pinned() const noexcept {
+    const auto st = state();
+    return st == endpoint_state::connecting || st == endpoint_state::establishing ||
+           st == endpoint_state::connected_wait_ready_ack || outstanding() != 0;
+  }
 
   /// endpoint_store's hook when the entry leaves the map: state destroying,
   /// every lane gets "QP i to ERR" (in-flight WRs flush, then the store

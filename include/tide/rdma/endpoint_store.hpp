@@ -29,7 +29,7 @@
 ///   if (!ep) return fail(ep.error());
 ///   (*ep)->post(slices);   // outstanding() grows; the CQ poller shrinks it
 ///   ep->reset();           // or let the handle go out of scope
-///   // monitor thread, about 1 Hz: (*store)->reclaim();
+///   // monitor thread, about 1 Hz: (*store)->trim(); (*store)->reclaim();
 
 #include <tide/detail/log.hpp>
 #include <tide/detail/sharded_shared_mutex.hpp>
@@ -74,10 +74,25 @@ namespace tide {
 ///       moves its QPs to ERR so that posted work flushes).  Not called on
 ///       an endpoint whose insertion lost a race (see get_or_insert) nor by
 ///       the store's destructor.
+///
+/// Optionally:
+///   bool pinned() const noexcept
+///       True while evicting the endpoint would waste work already begun
+///       (a handshake in flight, slices posted).  A full store passes
+///       over pinned entries, and then over entries a handle refers to,
+///       when it chooses a victim; when every
+///       entry is pinned it grows past its capacity instead, and shrinks
+///       back as inserts find unpinned victims.  Without it, every entry
+///       may be evicted.  Called under the store's exclusive lock.
 template <class E>
 concept store_endpoint = std::destructible<E> && requires(const E& ce, E& e) {
   { ce.outstanding() } noexcept -> std::same_as<std::size_t>;
   { e.on_evict() } noexcept -> std::same_as<void>;
+};
+
+template <class E>
+concept pinnable_endpoint = requires(const E& ce) {
+  { ce.pinned() } noexcept -> std::same_as<bool>;
 };
 
 /// A factory for endpoint_store<E>: called as `f(key)` with the peer NIC
@@ -304,6 +319,28 @@ class endpoint_store {
     return count;
   }
 
+  /// Evicts unpinned entries while the store is past its capacity (it grew
+  /// there while every entry was pinned); returns how many.  Call it with
+  /// reclaim().  Thread safety: any thread.  Cost: one relaxed load when
+  /// the store is within its capacity.
+  std::size_t trim() noexcept {
+    if (!over_capacity_.load(std::memory_order_relaxed)) return 0;
+    node_list victims;
+    {
+      std::lock_guard guard(lock_);
+      while (map_.size() > capacity_) {
+        node* v = choose_victim();
+        if (v == nullptr) break;
+        map_.erase(map_.iterator_to(*v));
+        victims.push_back(*v);
+      }
+      over_capacity_.store(map_.size() > capacity_, std::memory_order_relaxed);
+    }
+    const std::size_t count = victims.size();
+    victims.clear_and_dispose([&](node* v) { retire(v); });
+    return count;
+  }
+
   /// Live entries (a snapshot under concurrency).
   [[nodiscard]] std::size_t size() const noexcept {
     detail::shared_guard guard(lock_);
@@ -406,6 +443,34 @@ class endpoint_store {
     draining_.store(drain_.size(), std::memory_order_relaxed);
   }
 
+  // Under the exclusive lock, with the map full: the policy's first victim
+  // that is not pinned (taken out of the order), or null when every entry is
+  // pinned.  Pinned candidates go back into the order as fresh inserts, so a
+  // connecting endpoint is not offered again by the next insert.  Cost: one
+  // evict() without pins; at most size() evict()/insert() pairs with them.
+  node* choose_victim() noexcept {
+    if constexpr (!pinnable_endpoint<Endpoint>) {
+      typename Eviction::hook* v = order_.evict();
+      assert(v != nullptr && "eviction policy returned no victim from a full order");
+      return static_cast<node*>(v);
+    } else {
+      node_list passed_over;
+      node* victim = nullptr;
+      for (std::size_t tries = order_.size(); tries != 0; --tries) {
+        auto* n = static_cast<node*>(order_.evict());
+        if (n == nullptr) break;
+        // A handle is a holder about to use it (a lane's queued slices).
+        if (n->refs.load(std::memory_order_relaxed) == 0 && !n->endpoint->pinned()) {
+          victim = n;
+          break;
+        }
+        passed_over.push_back(*n);
+      }
+      passed_over.clear_and_dispose([&](node* n) { order_.insert(*n); });
+      return victim;
+    }
+  }
+
   template <class Factory>
   result<handle> insert_new(std::string_view key, Factory& factory, bool fail_if_present) {
     if (key.empty()) return fail(errc::invalid_argument, "endpoint_store: the peer NIC path (key) is empty");
@@ -423,7 +488,7 @@ class endpoint_store {
       return fail(errc::out_of_memory, "endpoint_store: cannot allocate the entry for '" + std::string(key) + "'");
     }
 
-    node* victim = nullptr;
+    node_list victims;
     node* existing = nullptr;
     {
       std::lock_guard guard(lock_);
@@ -435,17 +500,19 @@ class endpoint_store {
           existing->refs.fetch_add(1, std::memory_order_relaxed);
         }
       } else {
-        if (map_.size() >= capacity_) {
-          typename Eviction::hook* v = order_.evict();
-          assert(v != nullptr && "eviction policy returned no victim from a full order");
-          victim = static_cast<node*>(v);
-          map_.erase(map_.iterator_to(*victim));
+        // Back under capacity when pins allowed growth past it before.
+        while (map_.size() >= capacity_) {
+          node* v = choose_victim();
+          if (v == nullptr) break;
+          map_.erase(map_.iterator_to(*v));
+          victims.push_back(*v);
         }
         map_.insert_equal(*fresh);
         order_.insert(*fresh);
+        if (map_.size() > capacity_) over_capacity_.store(true, std::memory_order_relaxed);
       }
     }
-    if (victim != nullptr) retire(victim);
+    victims.clear_and_dispose([&](node* v) { retire(v); });
     if (existing != nullptr) {
       fresh.reset();  // lost the race: destroyed here, outside the lock
       if (fail_if_present) return fail(already_exists_error(key));
@@ -459,6 +526,8 @@ class endpoint_store {
   std::unique_ptr<bucket_type[]> buckets_;
   map_type map_;
   typename Eviction::order order_;
+
+  std::atomic<bool> over_capacity_{false};  // set under lock_ by an insert past capacity
 
   std::mutex drain_mu_;
   node_list drain_;

@@ -264,7 +264,10 @@ class rdma_context {
   }
 
   /// Destroys drained endpoints (monitor thread, periodically).
-  void reclaim_endpoints() noexcept { (void)store_->reclaim(); }
+  void reclaim_endpoints() noexcept {
+    (void)store_->trim();  // back to capacity once the pins that let it grow have lifted
+    (void)store_->reclaim();
+  }
 
   /// Retires every endpoint (port error, CQ error, close).  Any thread.
   void disconnect_all() noexcept {

@@ -243,11 +243,14 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   bool found = false;
   // Not the rail's fault (eviction, a flushed victim, a remote access error) and the
   // rail still healthy: the same rail again.  Otherwise never the rail that failed.
-  if (!plan::counts_against_rail(e) && s.rail != nullptr && s.rail->healthy() && contexts_[s.local_device]->active()) {
+  auto same_rail_again = [&] {
     s.charged = &loads_[s.local_device];
     s.charged->dispatched(s.length);
     s.dispatched_ns = now_us * 1000;
     dispatch_one(s);
+  };
+  if (!plan::counts_against_rail(e) && s.rail != nullptr && s.rail->healthy() && contexts_[s.local_device]->active()) {
+    same_rail_again();
     return;
   }
   {
@@ -258,6 +261,14 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
       found = paths_->next_rail(cands.view(), *s.rails, active_mask(), failed, now_us, next);
       if (found) bind_rail(s, *lb, *seg, pb, next, now_us * 1000);
     }
+  }
+  if (!found && plan::fresh_endpoint_may_help(e) && contexts_[s.local_device]->active()) {
+    // No other rail: the failed one once more, on the fresh endpoint the
+    // lane makes (the failed one was retired with its QPs).
+    TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries)
+                            << " on the same rail: no other rail reaches " << *s.peer_path);
+    same_rail_again();
+    return;
   }
   if (!found) {
     detail::retire_wr(s, e);

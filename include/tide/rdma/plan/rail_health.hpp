@@ -93,6 +93,18 @@ struct rail_health_config {
   }
 }
 
+/// Whether a slice that failed with `e` on the only rail to its peer is
+/// worth one more try there on a fresh endpoint: the QP died while the
+/// peer process lives on (it re-handshook with new QPs, or restarted
+/// quickly), or the WR was flushed with such a QP.  A fresh endpoint starts
+/// with a handshake, so a peer that is gone fails that with
+/// peer_unreachable, which is not in this list: the slice then fails at
+/// once instead of using up its retries.
+[[nodiscard]] constexpr bool fresh_endpoint_may_help(errc e) noexcept {
+  return e == errc::transport_retry_exceeded || e == errc::rnr_retry_exceeded || e == errc::qp_state_error ||
+         e == errc::work_request_flushed;
+}
+
 /// What a rail looks like right now (stats, tests).
 struct rail_snapshot {
   rail_phase phase = rail_phase::healthy;
