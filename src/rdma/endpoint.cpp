@@ -195,10 +195,7 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
     wr.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     wr.sg_list = &sges[k];
     wr.num_sge = 1;
-    // Every READ is signaled: on Soft-RoCE an unsignaled READ's data was seen
-    // to land after a later signaled READ completed (the 16-peer rxe test);
-    // WRITEs keep selective signaling.
-    if (++l.since_signal >= interval || !write) {
+    if (++l.since_signal >= interval) {
       wr.send_flags = IBV_SEND_SIGNALED;
       l.since_signal = 0;
     }

@@ -60,6 +60,7 @@ std::unique_ptr<engine> make(const std::string& device, const std::string& secre
   c.local_server_name = "127.0.0.1";
   c.devices = {device};
   c.workers_per_context = 1;
+  c.num_qp_per_ep = 1;  // a lane owns one QP of every endpoint
   c.transfer_timeout = 20s;
   c.max_retry = 0;
   c.auth_secret_file = secret;

@@ -85,6 +85,13 @@ net_setup() {
   source "$NET_CONF" || return 1
   local k i n=$((2 * NICS)) dev devs=() ips=() netdevs=() side_a=() side_b=()
   sysctl_set() { echo "$2" > "/proc/sys/net/ipv4/conf/$1/$3" || return 1; }
+  # A veth delivers into the receiving CPU's backlog (1000 packets by default).
+  # When that is full, Soft-RoCE's responder cannot send a READ response packet
+  # (hw_counters/send_err), answers RNR NAK, and the requester has been seen to
+  # complete that READ successfully without its data (one 64 KiB READ in 512,
+  # test/rxe/lanes_test.cpp's 16 peers).  A deep backlog keeps send_err at 0, as a
+  # real NIC never drops its own responses; loss is what --loss is for.
+  echo 100000 > /proc/sys/net/core/netdev_max_backlog || return 1
   for dev in all default; do
     sysctl_set "$dev" 1 accept_local && sysctl_set "$dev" 0 rp_filter || return 1
     # Mesh: one L2 segment holds every address; only the netdev owning one answers ARP for it.

@@ -230,7 +230,9 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // A task marked to stop (timeout, cancel) is not retried: it becomes
   // final once its slices have all retired.
   const bool stopping = detail::should_drop(s) != errc::ok;
-  const bool retriable = e != errc::canceled && e != errc::timed_out && !stopping;
+  // A rejected rkey is stale (the peer unregistered): no rail or retry can
+  // make it valid, and each retry would cost an endpoint.
+  const bool retriable = e != errc::canceled && e != errc::timed_out && e != errc::remote_access_error && !stopping;
   if (!retriable || s.retries >= cfg_.max_retry || s.rails == nullptr) {
     detail::retire_wr(s, e);
     return;
