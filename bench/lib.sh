@@ -59,12 +59,14 @@ perftest_lat() {
     awk -v s="$4" '$1 == s && NF >= 8 {print $5, $8; f = 1} END {if (!f) print "0 0"}' "$WORK/pt-cli.log"
 }
 
-# tide_target_start DEVS IP POLICY: a tide-bench target on the devices DEVS (comma list); sets
+# tide_target_start DEVS IP POLICY: a tide-bench target on the devices DEVS (comma list), with
+# the extra flags in $TARGET_FLAGS; sets
 # TARGET_PID and SEGMENT, fails when it printed no segment within 20 s.
 tide_target_start() {
 
+    # shellcheck disable=SC2086  # TARGET_FLAGS: extra flags, split on spaces
     "$BENCH" --mode=target --local_server_name="$2" --device_name="$1" --policy="$3" \
-        --buffer_size="${TARGET_BUFFER:-64M}" --noprogress > "$WORK/tb-srv.log" 2>&1 &
+        --buffer_size="${TARGET_BUFFER:-64M}" --noprogress ${TARGET_FLAGS:-} > "$WORK/tb-srv.log" 2>&1 &
     TARGET_PID=$! SEGMENT=""
     for _ in $(seq 1 200); do
         SEGMENT=$(sed -n 's/^segment: //p' "$WORK/tb-srv.log" | head -n1)

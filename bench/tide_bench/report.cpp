@@ -87,6 +87,8 @@ std::string format_json(const summary& s, const run_figures& f, const bench_opti
       {"p50_us", s.p50_us},
       {"p99_us", s.p99_us},
       {"p999_us", s.p999_us},
+      {"open_segment_ms", f.open_segment_ms},
+      {"first_batch_us", f.first_batch_us},
       {"cpu_seconds", f.cpu_seconds},
       {"cpu_s_per_gb", s.cpu_s_per_gb},
   };

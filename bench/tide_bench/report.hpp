@@ -36,6 +36,8 @@ struct run_figures {
   double seconds = 0;             ///< wall time of the measured window
   double cpu_seconds = 0;         ///< process CPU time in the window (all threads)
   std::vector<double> batch_latency_us;  ///< one entry per completed batch
+  double open_segment_ms = 0;            ///< open_segment (metadata fetch, and its handshake in p2p mode)
+  double first_batch_us = 0;             ///< thread 0's first batch, connection handshakes included
   std::vector<nic_figures> nics;         ///< per local NIC, so spraying and failover show
   std::vector<rail_figures> rails;
 };

@@ -109,7 +109,10 @@ int run_initiator(const bench_options& o) {
     std::cerr << "tide-bench: register_memory: " << r.error().message() << "\n";
     return 1;
   }
+  const auto open_t0 = std::chrono::steady_clock::now();
   auto seg = engine.open_segment(o.segment_id);
+  const double open_segment_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - open_t0).count();
   if (!seg) {
     std::cerr << "tide-bench: open_segment " << o.segment_id << ": " << seg.error().message() << "\n";
     return 1;
@@ -170,6 +173,7 @@ int run_initiator(const bench_options& o) {
     return std::chrono::duration<double, std::micro>(t1 - t0).count();
   };
 
+  double first_batch_us = 0;  // thread 0's, published by warmed_up
   std::atomic<std::uint32_t> warmed_up{0};
   std::atomic<bool> go{false};
   auto worker = [&](std::uint32_t t) {
@@ -179,7 +183,9 @@ int run_initiator(const bench_options& o) {
       reqs[i] = transfer_request::at_address(op, buf.data() + off, *seg, remote.addr + off, o.block_size);
     }
     // An untimed first batch: it pays for the lazy connection handshakes, which are not throughput.
-    const bool warm = one_batch(reqs).has_value();
+    const auto first = one_batch(reqs);
+    const bool warm = first.has_value();
+    if (warm && t == 0) first_batch_us = *first;
     warmed_up.fetch_add(1);
     while (warm && !go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::vector<double> mine;
@@ -230,6 +236,8 @@ int run_initiator(const bench_options& o) {
   f.requests = requests;
   f.failed_requests = failed;
   f.batch_latency_us = std::move(latencies);
+  f.open_segment_ms = open_segment_ms;
+  f.first_batch_us = first_batch_us;
   const auto end_stats = engine.stats();
   for (std::size_t i = 0; i < end_stats.nics.size(); ++i) {
     const auto& n = end_stats.nics[i];

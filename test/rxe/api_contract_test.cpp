@@ -132,6 +132,10 @@ TEST_CASE("final means final: a READ past transfer_timeout ends TIMEOUT and writ
   const auto devs = devices_under_test();
   auto cfg = config_for(devs[0]);
   cfg.transfer_timeout = 150ms;  // far shorter than 64 MiB takes on rxe
+  // 64 KiB WRs, at most 8 on the wire: most of the READ is still unposted at
+  // the deadline (with 64 WRs of 1 MiB all of it was posted at once).
+  cfg.max_wrs_read = 1024;
+  cfg.max_wr = 8;
   auto a = make_engine(cfg);
   auto b = make_engine(config_for(devs[1]));
   constexpr std::size_t kSize = 64u << 20;

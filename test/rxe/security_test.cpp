@@ -59,8 +59,6 @@ std::unique_ptr<engine> make(const std::string& device, const std::string& secre
   tide::engine_config c;
   c.local_server_name = "127.0.0.1";
   c.devices = {device};
-  c.workers_per_context = 1;
-  c.num_qp_per_ep = 1;  // a lane owns one QP of every endpoint
   c.transfer_timeout = 20s;
   c.max_retry = 0;
   c.auth_secret_file = secret;
@@ -284,36 +282,4 @@ TEST_CASE("an empty-GID connect naming a host makes no outbound connection (p2p 
   boost::system::error_code ec;
   (void)bait.accept(ec);
   CHECK(ec == boost::asio::error::would_block);  // nobody dialled the bait
-}
-
-TEST_CASE("the cost of authentication: open_segment + first transfer, with and without the secret") {
-  const auto devs = tide::test::devices_under_test();
-  const std::string key = secret_file('k');
-  for (const bool with : {false, true}) {
-    std::vector<double> open_ms, first_ms;
-    for (int round = 0; round < 5; ++round) {
-      auto a = make(devs[0], with ? key : "");
-      auto b = make(devs[1], with ? key : "");
-      buffer target(4096), src(4096, 0x77);
-      REQUIRE(a->register_memory(target.data, target.size, "cpu:0").has_value());
-      REQUIRE(b->register_memory(src.data, src.size, "cpu:0").has_value());
-      const auto t0 = std::chrono::steady_clock::now();
-      auto id = b->open_segment(a->segment_name());
-      REQUIRE_MESSAGE(id.has_value(), id.error());
-      const auto t1 = std::chrono::steady_clock::now();
-      auto st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, *id, 0, 0, 4096));
-      const auto t2 = std::chrono::steady_clock::now();
-      REQUIRE(st.state == transfer_state::completed);
-      open_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      first_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
-    }
-    std::sort(open_ms.begin(), open_ms.end());
-    std::sort(first_ms.begin(), first_ms.end());
-    MESSAGE((with ? "with secret   " : "without secret") << ": open_segment median " << open_ms[2] << " ms (min "
-                                                         << open_ms[0] << ", max " << open_ms[4]
-                                                         << "); first 4 KiB WRITE incl. connect median "
-                                                         << first_ms[2] << " ms (min " << first_ms[0] << ", max "
-                                                         << first_ms[4] << ")");
-  }
-  ::unlink(key.c_str());
 }
