@@ -94,7 +94,7 @@ std::string format_json(const summary& s, const run_figures& f, const bench_opti
   };
   j["nics"] = nlohmann::json::array();
   for (const auto& n : f.nics)
-    j["nics"].push_back({{"name", n.name}, {"bytes", n.bytes}, {"wrs", n.wrs}, {"errors", n.errors}});
+    j["nics"].push_back({{"name", n.name}, {"bytes", n.bytes}, {"wrs", n.wrs}, {"errors", n.errors}, {"bandwidth_bps", n.bandwidth_bps}});
   j["rails"] = nlohmann::json::array();
   for (const auto& r : f.rails)
     j["rails"].push_back({{"local", r.local}, {"peer", r.peer}, {"state", r.state}, {"failures", r.failures}, {"pauses", r.pauses}});

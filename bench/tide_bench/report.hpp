@@ -18,6 +18,7 @@ struct nic_figures {
   std::uint64_t bytes = 0;
   std::uint64_t wrs = 0;
   std::uint64_t errors = 0;
+  double bandwidth_bps = 0;  ///< the path policy's estimate at the end (bytes/s)
 };
 
 /// A rail that failed at some point, as it stood at the end.

@@ -243,7 +243,7 @@ int run_initiator(const bench_options& o) {
     const auto& n = end_stats.nics[i];
     const auto* before = i < nics0.size() ? &nics0[i] : nullptr;
     f.nics.push_back({n.name, n.bytes - (before ? before->bytes : 0), n.wrs - (before ? before->wrs : 0),
-                      n.errors - (before ? before->errors : 0)});
+                      n.errors - (before ? before->errors : 0), n.bandwidth_bps});
   }
   for (const auto& r : end_stats.rails)
     f.rails.push_back({r.local, r.peer, std::string(rdma::plan::to_string(r.state.phase)), r.state.failures, r.state.pauses});

@@ -14,6 +14,7 @@
 #include <tide/verbs/device.hpp>
 
 #include "devices_under_test.hpp"
+#include "rxe_helpers.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -42,7 +43,10 @@ using tide::transfer_op;
 using tide::transfer_request;
 using tide::transfer_state;
 
+using tide::test::buffer;
 using tide::test::devices_under_test;
+using tide::test::fill;
+using tide::test::run_one;
 
 tide::engine_config config_for(std::vector<std::string> devices) {
   tide::engine_config c;
@@ -61,53 +65,12 @@ std::unique_ptr<tide::transfer_engine<P>> make_engine(std::vector<std::string> d
   return std::move(*e);
 }
 
-// Page-aligned memory.
-struct buffer {
-  explicit buffer(std::size_t n) : size(n), data(static_cast<unsigned char*>(std::aligned_alloc(4096, round(n)))) {
-    std::memset(data, 0, n);
-  }
-  ~buffer() { std::free(data); }
-  buffer(const buffer&) = delete;
-  static std::size_t round(std::size_t n) { return (n + 4095) / 4096 * 4096; }
-  std::size_t size;
-  unsigned char* data;
-};
-
-void fill(unsigned char* p, std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const std::uint64_t v = g();
-    std::memcpy(p + i, &v, 8);
-  }
-  for (; i < n; ++i) p[i] = static_cast<unsigned char>(g());
-}
-
 bool same(const unsigned char* a, const unsigned char* b, std::size_t n) { return std::memcmp(a, b, n) == 0; }
 
 // Log-uniform sizes 1 B .. max.
 std::size_t random_size(std::mt19937_64& g, std::size_t max) {
   std::uniform_real_distribution<double> d(0.0, std::log2(static_cast<double>(max)));
   return std::max<std::size_t>(1, static_cast<std::size_t>(std::exp2(d(g))));
-}
-
-template <class Engine>
-tide::status run_one(Engine& e, transfer_request r, std::chrono::milliseconds timeout = 60s) {
-  auto b = e.allocate_batch(1);
-  if (!b) return tide::fail(b.error());
-  if (auto s = e.submit(*b, {&r, 1}); !s) {
-    (void)e.free_batch(*b);
-    return s;
-  }
-  auto w = e.wait(*b, timeout);
-  auto st = e.status_of(*b, 0);
-  (void)e.free_batch(*b);
-  if (!w) return w;
-  if (!st) return tide::fail(st.error());
-  if (st->state != transfer_state::completed)
-    return tide::fail(st->reason, std::string("task ended ") + std::string(tide::to_string(st->state)));
-  if (st->transferred_bytes != r.length) return tide::fail(tide::errc::completion_error, "byte count");
-  return {};
 }
 
 // WRITE and READ between `a` and the peer segment whose memory is `peer_mem`

@@ -14,7 +14,7 @@
 #include <tide/policy/hybrid.hpp>
 
 #include "devices_under_test.hpp"
-#include "lane_helpers.hpp"
+#include "rxe_helpers.hpp"
 
 #include <signal.h>
 #include <spawn.h>

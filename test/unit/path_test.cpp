@@ -270,15 +270,38 @@ TEST_CASE("nic_load: in-flight bytes, counters, and a bandwidth estimate that fo
   n.released(1000, true);
   CHECK(n.errors() == 1);
   CHECK(n.inflight_bytes() == 1000);
+  n.released(1000, false);
   // A queue draining at 100 MB/s: completions 10 us apart for 1000 bytes.
+  // The first 1 ms window replaces the 1 GB/s prior.
   std::int64_t t = 1'000'000'000;
+  for (int i = 0; i < 200; ++i) n.dispatched(1000);
   for (int i = 0; i < 200; ++i) {
-    n.dispatched(1000);
     t += 10'000;
-    n.completed(1000, 0, t);
+    n.completed(1000, 1'000'000'000, t);
   }
   CHECK(n.bandwidth() == doctest::Approx(100e6).epsilon(0.05));
   CHECK(n.bytes() == 200'000);
+  CHECK(n.inflight_bytes() == 0);
+}
+
+TEST_CASE("nic_load: completions polled in a burst are not a bandwidth; an idle gap is not a slow NIC") {
+  // A 50 Mbit/s rail (6.25 MB/s): 512 KiB WRs finish 84 ms apart, but each
+  // signaled completion retires 16 of them within microseconds.  Estimated
+  // per completion, that read as tens of GB/s and hit the clamp.
+  nic_load n(1.25e9);
+  std::int64_t t = 0;
+  const std::uint64_t wr = 512 * 1024;
+  for (int burst = 0; burst < 4; ++burst) {
+    for (int i = 0; i < 16; ++i) n.dispatched(wr);
+    t += 16 * 83'886'080;  // 16 WRs' wire time at 6.25 MB/s
+    for (int i = 0; i < 16; ++i) n.completed(wr, 0, t + i * 2'000);  // polled 2 us apart
+  }
+  CHECK(n.bandwidth() == doctest::Approx(6.25e6).epsilon(0.05));
+  // Idle for a second, then one WR that takes 84 ms: still 6.25 MB/s.
+  t += 1'000'000'000;
+  n.dispatched(wr);
+  n.completed(wr, t, t + 83'886'080);
+  CHECK(n.bandwidth() == doctest::Approx(6.25e6).epsilon(0.05));
   CHECK(rate_text_to_bps("100 Gb/sec (4X EDR)") == doctest::Approx(12.5e9));
   CHECK(rate_text_to_bps("2.5 Gb/sec (1X SDR)") == doctest::Approx(2.5e9 / 8));
   CHECK(rate_text_to_bps("") == 0);

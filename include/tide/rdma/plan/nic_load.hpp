@@ -4,19 +4,28 @@
 /// and what engine->stats() reports.
 ///
 /// Bandwidth: before any sample, the port's rate from sysfs (speed x width,
-/// "100 Gb/sec (4X EDR)").  Each successful WR then gives a sample: its
-/// bytes over the time since the later of its dispatch and the NIC's
-/// previous completion (the departure interval: with a queue, consecutive
-/// completions are one WR's wire time apart; on an idle NIC it is the WR's
-/// latency).  The estimate is an EWMA with weight 1/8 on the new sample.
+/// "100 Gb/sec (4X EDR)").  Then samples over busy windows: a window opens
+/// at the later of a WR's dispatch and the NIC's previous completion (an
+/// idle NIC is not a slow one) and gathers the bytes completed.  It closes
+/// as a sample (bytes / length) at the end of a burst of completions, once
+/// it is kMinWindow long, or when the NIC runs dry (dropped if still too
+/// short).  Single completions are not samples: a signaled completion
+/// retires the unsignaled WRs before it within microseconds, and
+/// per-completion intervals read as tens of GB/s (a 50 Mbit/s rail was
+/// estimated at the 100 Gb/s clamp that way).  The first sample replaces
+/// the prior (a port rate can be wrong by 100x, as Soft-RoCE's is); later
+/// ones enter an EWMA with weight 1/8.
 ///
 /// Threads: one nic_load per local NIC, owned by the transport; every
-/// member may be called from any thread (relaxed atomics: they are
-/// statistics and scores, nothing synchronizes through them).
+/// member may be called from any thread.  Counters are relaxed atomics
+/// (statistics); the window is under a mutex (one uncontended lock per
+/// completed WR).
 
 #include <tide/rdma/plan/rail_health.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <bit>
 #include <cstdint>
 #include <string>
@@ -27,6 +36,8 @@ namespace tide::rdma::plan {
 class nic_load {
  public:
   static constexpr double kWeight = 0.125;  ///< of a new sample in the EWMA
+  static constexpr std::int64_t kMinWindowNs = 1'000'000;  ///< a sample spans at least 1 ms of busy time
+  static constexpr std::int64_t kBurstGapNs = 50'000;      ///< completions further apart start a new burst
 
   /// `prior_bps`: bytes per second assumed before the first sample (> 0).
   explicit nic_load(double prior_bps = 12.5e9) noexcept : prior_(prior_bps > 0 ? prior_bps : 12.5e9) {
@@ -52,24 +63,35 @@ class nic_load {
   /// A dispatched WR completed successfully at `now_ns`; it was dispatched at
   /// `dispatched_ns` (same clock).
   void completed(std::uint64_t bytes, std::int64_t dispatched_ns, std::int64_t now_ns) noexcept {
-    inflight_.fetch_sub(bytes, std::memory_order_relaxed);
+    const std::uint64_t left = inflight_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    const std::int64_t prev = last_done_ns_.exchange(now_ns, std::memory_order_relaxed);
-    const std::int64_t start = prev > dispatched_ns ? prev : dispatched_ns;
-    if (now_ns <= start) {
-      // Polled in the same batch as the previous one: its bytes count toward the next interval.
-      unsampled_.fetch_add(bytes, std::memory_order_relaxed);
-      return;
+    double bps = 0;
+    {
+      std::lock_guard lock(window_mu_);
+      if (window_bytes_ != 0 && now_ns - last_done_ns_ > kBurstGapNs && last_done_ns_ - window_start_ns_ >= kMinWindowNs) {
+        // A new burst of completions: the window ends with the previous one.
+        bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(last_done_ns_ - window_start_ns_);
+        window_bytes_ = 0;
+      }
+      if (window_bytes_ == 0) window_start_ns_ = std::max(last_done_ns_, dispatched_ns);
+      window_bytes_ += bytes;
+      last_done_ns_ = now_ns;
+      if (left == 0) {
+        // Ran dry: what the window holds is all there is (dropped when too short to mean anything).
+        if (now_ns - window_start_ns_ >= kMinWindowNs)
+          bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(now_ns - window_start_ns_);
+        window_bytes_ = 0;
+      }
     }
-    const std::uint64_t total = bytes + unsampled_.exchange(0, std::memory_order_relaxed);
-    sample(static_cast<double>(total) * 1e9 / static_cast<double>(now_ns - start));
+    if (bps > 0) sample(bps);
   }
   /// Folds one bandwidth sample (bytes/s) into the estimate.
   void sample(double bps) noexcept {
+    const bool first = !sampled_.exchange(true, std::memory_order_relaxed);
     std::uint64_t cur = bw_.load(std::memory_order_relaxed);
     for (;;) {
       const double old = std::bit_cast<double>(cur);
-      double next = old + kWeight * (bps - old);
+      double next = first ? bps : old + kWeight * (bps - old);
       // Keep a NIC that looked slow once from being starved forever, and a spike bounded.
       if (next < prior_ * 1e-4) next = prior_ * 1e-4;
       if (next > prior_ * 10) next = prior_ * 10;
@@ -93,8 +115,11 @@ class nic_load {
   std::atomic<std::uint64_t> wrs_{0};
   std::atomic<std::uint64_t> errors_{0};
   std::atomic<std::uint64_t> bw_{0};  ///< a double's bits
-  std::atomic<std::int64_t> last_done_ns_{0};
-  std::atomic<std::uint64_t> unsampled_{0};
+  std::atomic<bool> sampled_{false};
+  std::mutex window_mu_;
+  std::int64_t window_start_ns_ = 0;  // under window_mu_
+  std::uint64_t window_bytes_ = 0;    // under window_mu_
+  std::int64_t last_done_ns_ = 0;     // under window_mu_
 };
 
 /// Bytes per second of a port rate as sysfs prints it ("100 Gb/sec (4X

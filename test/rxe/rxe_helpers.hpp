@@ -1,5 +1,5 @@
 #pragma once
-// Helpers of the lane suites (lanes_test.cpp): page-aligned buffers, seeded
+// Helpers of the rxe suites (engine_test.cpp, lanes_test.cpp): page-aligned buffers, seeded
 // patterns, one-request transfers, engine configs.  Test code only.
 
 #include <tide/engine.hpp>
