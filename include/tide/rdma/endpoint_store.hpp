@@ -78,12 +78,12 @@ namespace tide {
 /// Optionally:
 ///   bool pinned() const noexcept
 ///       True while evicting the endpoint would waste work already begun
-///       (a handshake in flight, slices posted).  A full store passes
-///       over pinned entries, and then over entries a handle refers to,
-///       when it chooses a victim; when every
-///       entry is pinned it grows past its capacity instead, and shrinks
-///       back as inserts find unpinned victims.  Without it, every entry
-///       may be evicted.  Called under the store's exclusive lock.
+///       (a handshake in flight, slices posted).  Choosing a victim, a
+///       full store passes over pinned entries and entries a handle refers
+///       to; when every entry is such, it grows past its capacity instead,
+///       and later inserts and trim() bring it back.  Without pinned(),
+///       every entry may be evicted.  Called under the store's exclusive
+///       lock.
 template <class E>
 concept store_endpoint = std::destructible<E> && requires(const E& ce, E& e) {
   { ce.outstanding() } noexcept -> std::same_as<std::size_t>;

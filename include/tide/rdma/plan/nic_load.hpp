@@ -65,7 +65,7 @@ class nic_load {
   void completed(std::uint64_t bytes, std::int64_t dispatched_ns, std::int64_t now_ns) noexcept {
     const std::uint64_t left = inflight_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    double bps = 0;
+    double bps = 0, dry_bps = 0;
     {
       std::lock_guard lock(window_mu_);
       if (window_bytes_ != 0 && now_ns - last_done_ns_ > kBurstGapNs && last_done_ns_ - window_start_ns_ >= kMinWindowNs) {
@@ -79,11 +79,12 @@ class nic_load {
       if (left == 0) {
         // Ran dry: what the window holds is all there is (dropped when too short to mean anything).
         if (now_ns - window_start_ns_ >= kMinWindowNs)
-          bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(now_ns - window_start_ns_);
+          dry_bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(now_ns - window_start_ns_);
         window_bytes_ = 0;
       }
     }
     if (bps > 0) sample(bps);
+    if (dry_bps > 0) sample(dry_bps);
   }
   /// Folds one bandwidth sample (bytes/s) into the estimate.
   void sample(double bps) noexcept {
