@@ -64,15 +64,15 @@ struct buffer {
 constexpr unsigned char kCanary = 0xab;
 constexpr unsigned char kRemote = 0x5a;
 
-// Starts a READ of the whole of `remote` (in 4 MiB tasks) into `local`
-// and returns its batch once the first bytes have landed (or right away
-// when `wait_for_bytes` is false).
-tide::batch_id start_read(tide::transfer_engine<>& a, tide::segment_id seg, buffer& local, std::uint64_t remote_addr,
-                          bool wait_for_bytes) {
+// Starts `op` over the whole of `local` (in 4 MiB tasks) against
+// `remote_addr` and returns its batch once the first bytes have moved (or
+// right away when `wait_for_bytes` is false).
+tide::batch_id start(tide::transfer_engine<>& a, transfer_op op, tide::segment_id seg, buffer& local,
+                     std::uint64_t remote_addr, bool wait_for_bytes = true) {
   constexpr std::size_t kTask = 4u << 20;
   std::vector<transfer_request> reqs;
   for (std::size_t off = 0; off < local.size; off += kTask)
-    reqs.push_back(transfer_request::at_address(transfer_op::read, local.data + off, seg, remote_addr + off,
+    reqs.push_back(transfer_request::at_address(op, local.data + off, seg, remote_addr + off,
                                                 std::min(kTask, local.size - off)));
   auto batch = a.allocate_batch(reqs.size()).value();
   REQUIRE(a.submit(batch, reqs));
@@ -80,6 +80,22 @@ tide::batch_id start_read(tide::transfer_engine<>& a, tide::segment_id seg, buff
     std::this_thread::sleep_for(1ms);
   return batch;
 }
+
+// Engine `a` (config `cfg_a`) with a canary-filled buffer, engine `b` with a
+// buffer of kRemote bytes, both registered; `seg` is b's segment opened by a.
+struct engine_pair {
+  engine_pair(const tide::engine_config& cfg_a, const std::string& device_b, std::size_t size)
+      : a(make_engine(cfg_a)), b(make_engine(config_for(device_b))), local(size, kCanary), remote(size, kRemote) {
+    REQUIRE(a->register_memory(local.data, size, "cpu:0"));
+    REQUIRE(b->register_memory(remote.data, size, "cpu:0"));
+    seg = a->open_segment(b->segment_name()).value();
+    remote_addr = reinterpret_cast<std::uint64_t>(remote.data);
+  }
+  std::unique_ptr<tide::transfer_engine<>> a, b;
+  buffer local, remote;
+  tide::segment_id seg{};
+  std::uint64_t remote_addr = 0;
+};
 
 // After wait() returned: the buffer must not change any more.
 void check_quiet_after_final(const buffer& local) {
@@ -98,15 +114,9 @@ void check_quiet_after_final(const buffer& local) {
 
 TEST_CASE("final means final: a canceled READ writes nothing into the buffer after wait() returns") {
   const auto devs = devices_under_test();
-  auto a = make_engine(config_for(devs[0]));
-  auto b = make_engine(config_for(devs[1]));
-  constexpr std::size_t kSize = 64u << 20;
-  buffer local(kSize, kCanary), remote(kSize, kRemote);
-  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
-  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
-  auto seg = a->open_segment(b->segment_name()).value();
-  const auto remote_addr = reinterpret_cast<std::uint64_t>(remote.data);
-  auto batch = start_read(*a, seg, local, remote_addr, true);
+  engine_pair p(config_for(devs[0]), devs[1], 64u << 20);
+  auto& [a, b, local, remote, seg, remote_addr] = p;
+  auto batch = start(*a, transfer_op::read, seg, local, remote_addr);
   REQUIRE(a->cancel(batch));
   REQUIRE(a->wait(batch, 60s));
   auto st = a->batch_status(batch).value();
@@ -136,14 +146,10 @@ TEST_CASE("final means final: a READ past transfer_timeout ends TIMEOUT and writ
   // the deadline (with 64 WRs of 1 MiB all of it was posted at once).
   cfg.max_wrs_read = 1024;
   cfg.max_wr = 8;
-  auto a = make_engine(cfg);
-  auto b = make_engine(config_for(devs[1]));
   constexpr std::size_t kSize = 64u << 20;
-  buffer local(kSize, kCanary), remote(kSize, kRemote);
-  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
-  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
-  auto seg = a->open_segment(b->segment_name()).value();
-  auto batch = start_read(*a, seg, local, reinterpret_cast<std::uint64_t>(remote.data), false);
+  engine_pair p(cfg, devs[1], kSize);
+  auto& [a, b, local, remote, seg, remote_addr] = p;
+  auto batch = start(*a, transfer_op::read, seg, local, remote_addr, false);
   REQUIRE(a->wait(batch, 60s));
   auto st = a->batch_status(batch).value();
   MESSAGE("timed-out batch: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << "), "
@@ -155,34 +161,11 @@ TEST_CASE("final means final: a READ past transfer_timeout ends TIMEOUT and writ
   REQUIRE(a->free_batch(batch));
 }
 
-namespace {
-
-// Starts `op` over the whole of `local` (4 MiB tasks) against `remote_addr`
-// and waits for its first bytes.
-tide::batch_id start(tide::transfer_engine<>& a, transfer_op op, tide::segment_id seg, buffer& local,
-                     std::uint64_t remote_addr) {
-  constexpr std::size_t kTask = 4u << 20;
-  std::vector<transfer_request> reqs;
-  for (std::size_t off = 0; off < local.size; off += kTask)
-    reqs.push_back(transfer_request::at_address(op, local.data + off, seg, remote_addr + off, std::min(kTask, local.size - off)));
-  auto batch = a.allocate_batch(reqs.size()).value();
-  REQUIRE(a.submit(batch, reqs));
-  for (int i = 0; i < 4000 && a.batch_status(batch).value().transferred_bytes == 0; ++i) std::this_thread::sleep_for(1ms);
-  return batch;
-}
-
-}  // namespace
-
 TEST_CASE("in flight: unregister_memory and close_segment say busy; drain waits; cancel cancels") {
   const auto devs = devices_under_test();
-  auto a = make_engine(config_for(devs[0]));
-  auto b = make_engine(config_for(devs[1]));
   constexpr std::size_t kSize = 48u << 20;
-  buffer local(kSize, kCanary), remote(kSize, kRemote);
-  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
-  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
-  auto seg = a->open_segment(b->segment_name()).value();
-  const auto remote_addr = reinterpret_cast<std::uint64_t>(remote.data);
+  engine_pair p(config_for(devs[0]), devs[1], kSize);
+  auto& [a, b, local, remote, seg, remote_addr] = p;
 
   auto batch = start(*a, transfer_op::write, seg, local, remote_addr);
   auto u = a->unregister_memory(local.data);
@@ -228,14 +211,8 @@ TEST_CASE("in flight: a peer's buffer that disappears fails in flight (remote_ac
   const auto devs = devices_under_test();
   auto cfg = config_for(devs[0]);
   cfg.max_retry = 1;
-  auto a = make_engine(cfg);
-  auto b = make_engine(config_for(devs[1]));
-  constexpr std::size_t kSize = 48u << 20;
-  buffer local(kSize, kCanary), remote(kSize, kRemote);
-  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
-  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
-  auto seg = a->open_segment(b->segment_name()).value();
-  const auto remote_addr = reinterpret_cast<std::uint64_t>(remote.data);
+  engine_pair p(cfg, devs[1], 48u << 20);
+  auto& [a, b, local, remote, seg, remote_addr] = p;
   auto batch = start(*a, transfer_op::write, seg, local, remote_addr);
   REQUIRE(b->unregister_memory(remote.data));  // b submitted nothing from it: not busy
   REQUIRE(a->wait(batch, 120s));
