@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   auto req = tide::transfer_request::in_buffer(tide::transfer_op::write, src.data(), *seg, 0, 0, kLen);
   if (auto s = (*initiator)->submit(batch, {&req, 1}); !s)
     return std::fprintf(stderr, "submit: %s\n", s.error().message().c_str()), 1;
-  // 4. wait (blocks without spinning), read the status, free the batch
+  // 4. wait (polls up to wait_spin, then sleeps), read the status, free the batch
   auto w = (*initiator)->wait(batch, 10s);
   auto st = (*initiator)->status_of(batch, 0).value();
   (void)(*initiator)->free_batch(batch);

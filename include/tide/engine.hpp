@@ -133,6 +133,11 @@ struct engine_config {
   /// failed probe up to rail_max_cooldown.
   std::chrono::milliseconds rail_cooldown{100};
   std::chrono::milliseconds rail_max_cooldown{10000};
+  /// wait() polls the batch this long before it sleeps on a futex (key
+  /// "wait_spin_us", env TIDE_WAIT_SPIN_US; 0 = sleep at once).  A small
+  /// transfer ends within a few wire round trips, and waking a sleeping
+  /// thread costs about as much again; a long one pays this much CPU once.
+  std::chrono::microseconds wait_spin{200};
 
   /// Applies, in this order, the JSON file named by TIDE_CONFIG (apply_file)
   /// and the TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
@@ -141,7 +146,7 @@ struct engine_config {
   /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
   /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE,
   /// MAX_CQE, MAX_WR, MAX_RD_ATOMIC, MAX_INLINE, SIGNAL_INTERVAL,
-  /// AUTH_SECRET_FILE, HANDSHAKE_BIND.
+  /// AUTH_SECRET_FILE, HANDSHAKE_BIND, WAIT_SPIN_US.
   /// transfer_engine::create calls it.
   /// Errors: config_invalid naming the variable (or the file and key).
   [[nodiscard]] status apply_env();
@@ -266,9 +271,10 @@ class transfer_engine {
     return transport_->task_status(b, task);
   }
   [[nodiscard]] result<transfer_status> batch_status(batch_id b) noexcept { return transport_->batch_status(b); }
-  /// Blocks (no spinning) until every task of the batch is final, so after
-  /// it returns no DMA of the batch touches the user's memory any more, also
-  /// for TIMEOUT and CANCELED tasks.  Errors: timed_out (this wait's own
+  /// Blocks until every task of the batch is final, so after it returns no
+  /// DMA of the batch touches the user's memory any more, also for TIMEOUT
+  /// and CANCELED tasks.  Polls for engine_config::wait_spin first, then
+  /// sleeps until the last completion wakes it.  Errors: timed_out (this wait's own
   /// timeout), unknown_batch.
   [[nodiscard]] status wait(batch_id b, std::chrono::milliseconds timeout) noexcept {
     return transport_->wait(b, timeout);

@@ -41,7 +41,7 @@ std::string range_text(long long lo, long long hi) {
 }
 
 // Every numeric setting: the key in the file (the field's name; durations
-// in ms end in _ms), the name after TIDE_/MC_ ("" = no variable), the field
+// in ms end in _ms, in us in _us), the name after TIDE_/MC_ ("" = no variable), the field
 // and its range.  f returns a status; the first error stops the walk.
 template <class F>
 status each_number(engine_config& c, F&& f) {
@@ -73,6 +73,7 @@ status each_number(engine_config& c, F&& f) {
   if (auto r = f("coalesce_requests", "", c.coalesce_requests, 0, 1); !r) return r;
   if (auto r = f("rail_cooldown_ms", "", c.rail_cooldown, 1, kMaxMs); !r) return r;
   if (auto r = f("rail_max_cooldown_ms", "", c.rail_max_cooldown, 1, kMaxMs); !r) return r;
+  if (auto r = f("wait_spin_us", "WAIT_SPIN_US", c.wait_spin, 0, 1000000); !r) return r;
   if (auto r = f("etcd_verify_server", "ETCD_VERIFY_SERVER", c.etcd_verify_server, 0, 1); !r) return r;
   if (auto r = f("notify_max_count", "", c.notify_max_count, 1, 1LL << 32); !r) return r;
   if (auto r = f("notify_max_bytes", "", c.notify_max_bytes, 1, 1LL << 40); !r) return r;

@@ -1,6 +1,8 @@
 // rdma::batch_table (see the header).
 #include <tide/rdma/batch_table.hpp>
 
+#include <tide/detail/sharded_shared_mutex.hpp>  // cpu_relax
+
 #include <bit>
 #include <new>
 #include <string>
@@ -194,10 +196,21 @@ result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
   return out;
 }
 
-status batch_table::wait(batch_id id, std::chrono::milliseconds timeout) noexcept {
+status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::chrono::microseconds spin) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "wait: unknown batch ", id));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  // The spin: a futex wake costs about as much as a small transfer's round
+  // trip, so a batch that ends soon is caught awake.  The clock is read
+  // every 64 polls.
+  if (spin.count() > 0) {
+    const auto spin_until = std::min(deadline, start + spin);
+    for (std::uint32_t k = 1; b->unfinished.load(std::memory_order_acquire) != 0; ++k) {
+      if ((k & 63) == 0 && std::chrono::steady_clock::now() >= spin_until) break;
+      tide::detail::cpu_relax();
+    }
+  }
   std::unique_lock lock(b->mu);
   while (b->unfinished.load(std::memory_order_acquire) != 0) {
     if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));

@@ -212,6 +212,42 @@ TEST_CASE("final means final: TIMEOUT and CANCELED wait for the last slice to re
   CHECK(t->free(c));
 }
 
+TEST_CASE("wait's spin: a batch that ends during it returns at once; the spin never outlasts the timeout") {
+  using namespace std::chrono;
+  auto t = make_table(2);
+  const batch_id id = t->allocate(1).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 1, 1);
+  // A spin of 1 s on a batch that never ends: the 50 ms timeout still rules.
+  auto t0 = steady_clock::now();
+  CHECK(t->wait(id, milliseconds(50), seconds(1)).error().code == errc::timed_out);
+  CHECK(steady_clock::now() - t0 < milliseconds(500));
+  // The batch ends 20 ms into a 1 s spin: wait returns then, not after the spin.
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+  });
+  t0 = steady_clock::now();
+  CHECK(t->wait(id, seconds(10), seconds(1)));
+  const auto took = steady_clock::now() - t0;
+  finisher.join();
+  CHECK(took >= milliseconds(15));
+  CHECK(took < milliseconds(500));
+  CHECK(t->batch_status(id).value().state == transfer_state::completed);
+  // And after a short spin the sleeping waiter is woken by the last slice.
+  const batch_id late = t->allocate(1).value();
+  b = t->lookup(late);
+  fake_submit(*b, 1, 1);
+  std::thread late_finisher([&] {
+    std::this_thread::sleep_for(milliseconds(30));
+    rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+  });
+  CHECK(t->wait(late, seconds(10), microseconds(10)));
+  late_finisher.join();
+  CHECK(t->free(id));
+  CHECK(t->free(late));
+}
+
 TEST_CASE("batch_table: concurrent allocate / free / lookup / status never mix batches up") {
   // Two owners allocate, submit, retire and free their own batches over
   // and over (sizes vary, so slots get replaced); two readers hammer every

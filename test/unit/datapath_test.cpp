@@ -190,6 +190,14 @@ TEST_CASE("engine_config: environment overrides, bad values named") {
   ::setenv("TIDE_QP_RETRY_CNT", "x", 1);
   CHECK(c.apply_env().error().code == errc::config_invalid);
   ::unsetenv("TIDE_QP_RETRY_CNT");
+  ::setenv("TIDE_WAIT_SPIN_US", "50", 1);
+  REQUIRE(c.apply_env());
+  CHECK(c.wait_spin == std::chrono::microseconds(50));
+  ::setenv("TIDE_WAIT_SPIN_US", "2000000", 1);
+  r = c.apply_env();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().detail.find("TIDE_WAIT_SPIN_US") != std::string::npos);
+  ::unsetenv("TIDE_WAIT_SPIN_US");
   ::unsetenv("TIDE_NUM_QP_PER_EP");
   ::unsetenv("MC_SLICE_SIZE");
 }

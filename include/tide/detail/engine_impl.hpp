@@ -200,6 +200,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.max_wrs_write = e->cfg_.max_wrs_write;
   tc.max_wrs_read = e->cfg_.max_wrs_read;
   tc.coalesce = e->cfg_.coalesce_requests;
+  tc.wait_spin = e->cfg_.wait_spin;
   tc.rail.initial_cooldown = e->cfg_.rail_cooldown;
   tc.rail.max_cooldown = e->cfg_.rail_max_cooldown;
   auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh, peer_gid);

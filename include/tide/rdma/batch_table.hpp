@@ -68,7 +68,10 @@ class batch_table {
 
   [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept;
   [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept;
-  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) noexcept;
+  /// Polls for `spin` (bounded by `timeout`), then sleeps on the batch's
+  /// condition variable until its last task ends or `timeout`.
+  [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout,
+                            std::chrono::microseconds spin = {}) noexcept;
   [[nodiscard]] status cancel(batch_id id) noexcept;
 
   [[nodiscard]] std::size_t max_batches() const noexcept { return max_batches_; }

@@ -59,6 +59,7 @@ struct transport_config {
   std::uint64_t max_msg_size = 1u << 30;  ///< no WR longer (the devices' max_msg_sz when smaller)
   std::uint32_t inline_limit = 0;      ///< WRITE WRs up to this size are marked inline
   bool coalesce = true;                ///< requests contiguous at both ends share WRs
+  std::chrono::microseconds wait_spin{200};  ///< wait() polls this long before it sleeps
   plan::rail_health_config rail;       ///< pause and cooldown of failing rails
 };
 
@@ -135,7 +136,7 @@ class rdma_transport {
   }
   [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept { return batches_->batch_status(id); }
   [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout) noexcept {
-    return batches_->wait(id, timeout);
+    return batches_->wait(id, timeout, cfg_.wait_spin);
   }
   [[nodiscard]] status cancel(batch_id id) noexcept { return batches_->cancel(id); }
 
