@@ -23,7 +23,7 @@ struct policy_entry {
   int (*run_http)(const bench_options&) = nullptr;
 };
 
-/// "sieve / mooncake_hash / hybrid / load_aware": what P is made of, read from the policies themselves.
+/// "sieve / mooncake_hash / spin_event / load_aware": what P is made of, read from the policies themselves.
 template <class P>
 std::string describe() {
   std::string d(P::eviction::kName);

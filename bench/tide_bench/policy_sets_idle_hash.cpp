@@ -24,10 +24,12 @@ struct event_driven_policies : default_policies {
 void add_idle_and_hash_sets(std::vector<policy_entry>& out) {
   using busy_poll_set = idle_set<policy::busy_poll>;
   using cq_event_set = idle_set<policy::cq_event>;
+  using hybrid_set = idle_set<policy::hybrid>;
   using mix_hash_set = hash_set<policy::mix_hash>;
   using peer_path_hash_set = hash_set<policy::peer_path_hash>;
   out.push_back({"busy_poll", describe<busy_poll_set>(), &run<busy_poll_set>, nullptr, nullptr});
   out.push_back({"cq_event", describe<cq_event_set>(), &run<cq_event_set>, nullptr, nullptr});
+  out.push_back({"hybrid", describe<hybrid_set>(), &run<hybrid_set>, nullptr, nullptr});
   out.push_back({"mix_hash", describe<mix_hash_set>(), &run<mix_hash_set>, nullptr, nullptr});
   out.push_back({"peer_path_hash", describe<peer_path_hash_set>(), &run<peer_path_hash_set>, nullptr, nullptr});
   out.push_back({"event_driven", describe<event_driven_policies>(), &run<event_driven_policies>, nullptr, nullptr});

@@ -1,4 +1,4 @@
-// cq_event on a real CQ (Soft-RoCE in the VM): a completion wakes a worker
+// cq_event and spin_event on a real CQ (Soft-RoCE in the VM): a completion wakes a worker
 // that sleeps in epoll, again and again (re-arming), wake() still works,
 // events are acknowledged so that ibv_destroy_cq returns, attach rejects
 // bad arguments, and an idle worker uses (almost) no CPU.
@@ -8,6 +8,7 @@
 #include "loopback_qp.hpp"
 
 #include <tide/policy/cq_event.hpp>
+#include <tide/policy/spin_event.hpp>
 
 #include <doctest/doctest.h>
 
@@ -52,8 +53,9 @@ class watchdog {
 
 // The worker of <tide/policy/idle.hpp>: a pass polls the CQ and takes
 // "submitted" items; counts completions.
+template <class Idle>
 struct worker {
-  worker(tide::policy::cq_event& idle, ibv_cq* cq) : idle_(idle), cq_(cq) {}
+  worker(Idle& idle, ibv_cq* cq) : idle_(idle), cq_(cq) {}
 
   void run() {
     th_ = std::thread([this] {
@@ -107,7 +109,7 @@ struct worker {
     return true;
   }
 
-  tide::policy::cq_event& idle_;
+  Idle& idle_;
   ibv_cq* cq_;
   std::atomic<std::uint64_t> completions_{0};
   std::atomic<std::uint64_t> submitted_{0};
@@ -119,19 +121,31 @@ struct worker {
   std::thread th_;
 };
 
+// A 20 s cap: a wake-up within the test's bounds came from the CQ event.
+template <class Idle>
+tide::result<Idle> make_sleepy();
+template <>
+tide::result<tide::policy::cq_event> make_sleepy() {
+  return tide::policy::cq_event::create({.max_sleep = 20000ms, .ack_batch = 4});
+}
+template <>
+tide::result<tide::policy::spin_event> make_sleepy() {
+  return tide::policy::spin_event::create({.spin = 1ms, .max_sleep = 20000ms, .ack_batch = 4});
+}
+
 }  // namespace
 
-TEST_CASE("cq_event: completions wake a sleeping worker, with no wake() call") {
+TEST_CASE_TEMPLATE("cq_event, spin_event: completions wake a sleeping worker, with no wake() call", Idle,
+                   tide::policy::cq_event, tide::policy::spin_event) {
   loopback_qp lb;
   const std::string err = lb.open();
   REQUIRE_MESSAGE(err.empty(), err);
   MESSAGE("device " << std::string(lb.device_name()));
   {
-    // A 20 s cap: a wake-up within the bound below came from the CQ event.
-    auto idle = tide::policy::cq_event::create({.max_sleep = 20000ms, .ack_batch = 4});
+    auto idle = make_sleepy<Idle>();
     REQUIRE(idle.has_value());
     REQUIRE(idle->attach(lb.cq(), lb.channel()).has_value());
-    worker w(*idle, lb.cq());
+    worker<Idle> w(*idle, lb.cq());
     w.run();
     constexpr int kRounds = 10;
     double worst_ms = 0;
@@ -140,7 +154,7 @@ TEST_CASE("cq_event: completions wake a sleeping worker, with no wake() call") {
       const auto before = idle->cq_events();
       const auto t0 = clk::now();
       REQUIRE(lb.post_write(static_cast<std::uint64_t>(i)) == 0);
-      REQUIRE(worker::reaches(w.completions_, static_cast<std::uint64_t>(i + 1), 5000ms));
+      REQUIRE(worker<Idle>::reaches(w.completions_, static_cast<std::uint64_t>(i + 1), 5000ms));
       worst_ms = std::max(worst_ms, std::chrono::duration<double, std::milli>(clk::now() - t0).count());
       CHECK(idle->cq_events() > before);  // it was the event, not a spurious return
     }
@@ -152,7 +166,7 @@ TEST_CASE("cq_event: completions wake a sleeping worker, with no wake() call") {
       REQUIRE(w.asleep(5000ms));
       w.submitted_.fetch_add(1, std::memory_order_release);
       idle->wake();
-      CHECK(worker::reaches(w.taken_, 1, 5000ms));
+      CHECK(worker<Idle>::reaches(w.taken_, 1, 5000ms));
     }
     SUBCASE("an idle worker uses almost no CPU") {
       std::this_thread::sleep_for(1000ms);

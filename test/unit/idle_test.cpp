@@ -6,12 +6,14 @@
 #include <tide/policy/cq_event.hpp>
 #include <tide/policy/hybrid.hpp>
 #include <tide/policy/idle.hpp>
+#include <tide/policy/spin_event.hpp>
 
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +24,7 @@ using clk = std::chrono::steady_clock;
 static_assert(tide::idle_strategy<pol::busy_poll>);
 static_assert(tide::idle_strategy<pol::hybrid>);
 static_assert(tide::idle_strategy<pol::cq_event>);
+static_assert(tide::idle_strategy<pol::spin_event>);
 
 namespace {
 struct wake_throws {  // wake() not noexcept: rejected
@@ -51,6 +54,10 @@ pol::hybrid::config long_sleep_config<pol::hybrid>() {
 template <>
 pol::cq_event::config long_sleep_config<pol::cq_event>() {
   return {.max_sleep = 20000ms, .ack_batch = 64};
+}
+template <>
+pol::spin_event::config long_sleep_config<pol::spin_event>() {
+  return {.spin = 100us, .max_sleep = 20000ms, .ack_batch = 64};
 }
 
 namespace {
@@ -121,6 +128,12 @@ TEST_CASE("idle strategies: bad configuration gets config_invalid") {
   auto c2 = pol::cq_event::create({.max_sleep = 10ms, .ack_batch = 0});
   REQUIRE_FALSE(c2.has_value());
   CHECK(c2.error().code == tide::errc::config_invalid);
+  auto s1 = pol::spin_event::create({.spin = -1ns});
+  REQUIRE_FALSE(s1.has_value());
+  CHECK(s1.error().detail.find("spin_event.spin") != std::string::npos);
+  auto s2 = pol::spin_event::create({.spin = 1us, .max_sleep = 0ms});
+  REQUIRE_FALSE(s2.has_value());
+  CHECK(s2.error().code == tide::errc::config_invalid);
 }
 
 TEST_CASE("cq_event: attach needs a CQ and its completion channel") {
@@ -164,8 +177,32 @@ TEST_CASE("hybrid: spins for the window, then sleeps, and wake() ends the sleep"
   h.stop();
 }
 
+TEST_CASE("spin_event: spins for its window, then sleeps, and wake() ends the sleep") {
+  constexpr auto kSpin = 200ms;  // long enough to observe on a loaded host
+  auto idle = pol::spin_event::create({.spin = kSpin, .max_sleep = 20000ms});
+  REQUIRE(idle.has_value());
+  harness<pol::spin_event> h(*idle);
+  const auto t0 = clk::now();
+  h.start();
+  std::this_thread::sleep_for(5ms);
+  const auto early = idle->sleeps();
+  if (clk::now() - t0 < kSpin) CHECK(early == 0);
+  const auto until = clk::now() + 10s;
+  while (idle->sleeps() == 0 && clk::now() < until) std::this_thread::sleep_for(1ms);
+  REQUIRE(idle->sleeps() > 0);
+  CHECK(clk::now() - t0 >= kSpin);
+  // Work ends the sleep and restarts the window: no second sleep within it.
+  h.produce();
+  CHECK(h.drained_within(2s));
+  const auto after_work = idle->sleeps();
+  const auto t1 = clk::now();
+  std::this_thread::sleep_for(20ms);
+  if (clk::now() - t1 < kSpin - 50ms) CHECK(idle->sleeps() == after_work);
+  h.stop();
+}
+
 TEST_CASE_TEMPLATE("idle conformance: every item produced is consumed promptly", I, pol::busy_poll, pol::hybrid,
-                   pol::cq_event) {
+                   pol::cq_event, pol::spin_event) {
   auto idle = I::create(long_sleep_config<I>());
   REQUIRE(idle.has_value());
   harness<I> h(*idle);

@@ -1,0 +1,96 @@
+#pragma once
+/// tide::policy::spin_event — spin for a short window after the last useful
+/// pass, then sleep on the completion channels like cq_event.
+
+#include <tide/detail/sharded_shared_mutex.hpp>
+#include <tide/policy/cq_event.hpp>
+#include <tide/policy/idle.hpp>
+#include <tide/result.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+namespace tide::policy {
+
+/// The spin catches what comes back within a round trip (a small request's
+/// completion, the next request of a caller that submits right after
+/// wait()), so one-request batches see busy_poll's latency.  Past the
+/// window the worker sleeps until a completion or wake(), so a worker
+/// whose WRs take milliseconds (large slices, slow links) leaves the CPU to
+/// others: on Soft-RoCE, to the kernel threads that move the bytes.
+/// hybrid spins 100 ms and its sleep ignores completions, so a streaming
+/// worker never sleeps; cq_event sleeps at once and pays a wake-up on
+/// every small request.
+class spin_event {
+ public:
+  static constexpr std::string_view kName = "spin_event";
+  /// It sleeps on the completion channels of the attached CQs.
+  static constexpr bool wakes_on_completion = true;
+
+  struct config {
+    /// Busy period after the last useful pass: a few wire round trips.  The
+    /// clock is checked every 64 empty passes.  >= 0.
+    std::chrono::nanoseconds spin = std::chrono::microseconds(200);
+    /// cq_event's: longest single sleep (> 0) and CQ events acked per call (>= 1).
+    std::chrono::milliseconds max_sleep{1000};
+    unsigned ack_batch = 64;
+  };
+
+  /// Errors: errc::config_invalid (spin < 0, or cq_event's), cq_event's
+  /// errc::resource_exhausted.
+  [[nodiscard]] static result<spin_event> create(const config& cfg) {
+    if (cfg.spin.count() < 0) return fail(errc::config_invalid, "spin_event.spin must be >= 0");
+    auto sleeper = cq_event::create({.max_sleep = cfg.max_sleep, .ack_batch = cfg.ack_batch});
+    if (!sleeper) return fail(sleeper.error());
+    return spin_event(cfg.spin, std::move(*sleeper));
+  }
+
+  /// create(config{}): the defaults.
+  [[nodiscard]] static result<spin_event> create() { return create(config{}); }
+
+  /// Only before any thread uses `o`.
+  spin_event(spin_event&& o) noexcept : spin_(o.spin_), sleeper_(std::move(o.sleeper_)) {}
+  spin_event& operator=(spin_event&&) = delete;
+
+  /// As cq_event::attach / detach.
+  status attach(ibv_cq* cq, ibv_comp_channel* channel) { return sleeper_.attach(cq, channel); }
+  void detach(ibv_cq* cq) noexcept { sleeper_.detach(cq); }
+
+  void on_work() noexcept { empty_passes_ = 0; }
+
+  template <class Repass>
+  void on_empty(Repass&& repass) noexcept {
+    // The clock is read on the first empty pass and then every 64th.
+    if (empty_passes_++ == 0) {
+      idle_since_ = clock::now();
+      tide::detail::cpu_relax();
+      return;
+    }
+    if ((empty_passes_ & 63) != 0 || clock::now() - idle_since_ < spin_) {
+      tide::detail::cpu_relax();
+      return;
+    }
+    sleeper_.on_empty(std::forward<Repass>(repass));
+  }
+
+  /// Any thread, after publishing work: one relaxed load unless asleep.
+  void wake() noexcept { sleeper_.wake(); }
+
+  /// Sleeps entered and CQ events consumed so far (any thread may read).
+  [[nodiscard]] std::uint64_t sleeps() const noexcept { return sleeper_.sleeps(); }
+  [[nodiscard]] std::uint64_t cq_events() const noexcept { return sleeper_.cq_events(); }
+  [[nodiscard]] static bool exact_wakeups() noexcept { return cq_event::exact_wakeups(); }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  spin_event(std::chrono::nanoseconds spin, cq_event sleeper) noexcept : spin_(spin), sleeper_(std::move(sleeper)) {}
+
+  std::chrono::nanoseconds spin_;
+  cq_event sleeper_;
+  clock::time_point idle_since_{};
+  std::uint64_t empty_passes_ = 0;
+};
+
+}  // namespace tide::policy
