@@ -132,6 +132,15 @@ status engine_config::apply_file(const std::string& path) {
     auto number = [&](std::string_view name, std::string_view, auto& field, long long lo, long long hi) -> status {
       if (name != key) return {};
       known = true;
+      // A flag may be written true / false as well as 1 / 0.
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(field)>, bool>) {
+        if (v.is_boolean()) {
+          field = v.get<bool>();
+          return {};
+        }
+        if (!v.is_number_integer())
+          return fail(errc::config_invalid, where + ": expected true, false, 0 or 1, got " + v.dump());
+      }
       if (!v.is_number_integer())
         return fail(errc::config_invalid, where + ": " + range_text(lo, hi) + ", got " + v.dump());
       const long long x = v.is_number_unsigned() && v.get<unsigned long long>() > static_cast<unsigned long long>(hi)

@@ -231,13 +231,16 @@ std::string write_temp(const std::string& text) {
 
 TEST_CASE("engine_config: a JSON file, validated like the environment; the environment still wins") {
   const std::string good = write_temp(R"({"slice_size": 131072, "devices": ["rxe0", "rxe1"], "metadata": "etcd://h:2379",
-                                          "transfer_timeout_ms": 2500, "gid_index": -1, "max_batches": 64})");
+                                          "transfer_timeout_ms": 2500, "gid_index": -1, "max_batches": 64,
+                                          "coalesce_requests": false, "wait_spin_us": 50})");
   auto c = engine_config::from_file(good).value();
   CHECK(c.slice_size == 131072);
   CHECK(c.devices == std::vector<std::string>{"rxe0", "rxe1"});
   CHECK(c.metadata == "etcd://h:2379");
   CHECK(c.transfer_timeout == std::chrono::milliseconds(2500));
   CHECK(c.max_batches == 64);
+  CHECK_FALSE(c.coalesce_requests);  // a flag as JSON true / false
+  CHECK(c.wait_spin == std::chrono::microseconds(50));
   CHECK(c.num_qp_per_ep == engine_config{}.num_qp_per_ep);  // untouched
 
   auto error_of = [](const std::string& text) {
@@ -254,6 +257,8 @@ TEST_CASE("engine_config: a JSON file, validated like the environment; the envir
   CHECK(error_of(R"({"qp_retry_cnt": 18446744073709551615})").find("\"qp_retry_cnt\"") != std::string::npos);
   CHECK(error_of(R"({"devices": ["rxe0", 3]})").find("\"devices\"[1]") != std::string::npos);
   CHECK(error_of(R"({"metadata": 1})").find("\"metadata\": expected a string") != std::string::npos);
+  CHECK(error_of(R"({"coalesce_requests": "no"})").find("expected true, false, 0 or 1") != std::string::npos);
+  CHECK(error_of(R"({"coalesce_requests": 2})").find("\"coalesce_requests\"") != std::string::npos);
   CHECK(error_of("[1]").find("expected a JSON object") != std::string::npos);
   CHECK(error_of("{\"mtu\": ").find("not JSON") != std::string::npos);
   auto missing = engine_config::from_file("/nonexistent/tide.json");
