@@ -136,7 +136,7 @@ TEST_CASE("load_aware: a 200:50 pair of NICs gets about 4:1 of a large request")
 TEST_CASE("load_aware: bytes in flight shift the split, small requests go whole to the best NIC") {
   rig<tide::policy::load_aware> r(2, true, {100e6, 100e6});
   // NIC 0 has 32 MiB queued: a 32 MiB request goes (almost) all to NIC 1.
-  r.loads[0].dispatched(32ull << 20);
+  r.loads[0].dispatched(32ull << 20, 0);
   auto per = r.bytes_per_nic(r.choose(32ull << 20), 32ull << 20);
   CHECK(per[1] >= (30ull << 20));
   // A 64 KiB request: one WR, the idle NIC.
@@ -263,8 +263,8 @@ TEST_CASE("rails topology: every policy keeps each WR on its NIC's own rail") {
 TEST_CASE("nic_load: in-flight bytes, counters, and a bandwidth estimate that follows completions") {
   nic_load n(1e9);
   CHECK(n.bandwidth() == doctest::Approx(1e9));
-  n.dispatched(1000);
-  n.dispatched(1000);
+  n.dispatched(1000, 0);
+  n.dispatched(1000, 0);
   CHECK(n.inflight_bytes() == 2000);
   CHECK(n.wrs() == 2);
   n.released(1000, true);
@@ -274,10 +274,10 @@ TEST_CASE("nic_load: in-flight bytes, counters, and a bandwidth estimate that fo
   // A queue draining at 100 MB/s: completions 10 us apart for 1000 bytes.
   // The first 1 ms window replaces the 1 GB/s prior.
   std::int64_t t = 1'000'000'000;
-  for (int i = 0; i < 200; ++i) n.dispatched(1000);
+  for (int i = 0; i < 200; ++i) n.dispatched(1000, t);
   for (int i = 0; i < 200; ++i) {
     t += 10'000;
-    n.completed(1000, 1'000'000'000, t);
+    n.completed(1000, t);
   }
   CHECK(n.bandwidth() == doctest::Approx(100e6).epsilon(0.05));
   CHECK(n.bytes() == 200'000);
@@ -292,20 +292,57 @@ TEST_CASE("nic_load: completions polled in a burst are not a bandwidth; an idle 
   std::int64_t t = 0;
   const std::uint64_t wr = 512 * 1024;
   for (int burst = 0; burst < 4; ++burst) {
-    for (int i = 0; i < 16; ++i) n.dispatched(wr);
+    for (int i = 0; i < 16; ++i) n.dispatched(wr, t);
     t += 16 * 83'886'080;  // 16 WRs' wire time at 6.25 MB/s
-    for (int i = 0; i < 16; ++i) n.completed(wr, 0, t + i * 2'000);  // polled 2 us apart
+    for (int i = 0; i < 16; ++i) n.completed(wr, t + i * 2'000);  // polled 2 us apart
   }
   CHECK(n.bandwidth() == doctest::Approx(6.25e6).epsilon(0.05));
   // Idle for a second, then one WR that takes 84 ms: still 6.25 MB/s.
   t += 1'000'000'000;
-  n.dispatched(wr);
-  n.completed(wr, t, t + 83'886'080);
+  n.dispatched(wr, t);
+  n.completed(wr, t + 83'886'080);
   CHECK(n.bandwidth() == doctest::Approx(6.25e6).epsilon(0.05));
   CHECK(rate_text_to_bps("100 Gb/sec (4X EDR)") == doctest::Approx(12.5e9));
   CHECK(rate_text_to_bps("2.5 Gb/sec (1X SDR)") == doctest::Approx(2.5e9 / 8));
   CHECK(rate_text_to_bps("") == 0);
   CHECK(rate_text_to_bps("fast") == 0);
+}
+
+TEST_CASE("nic_load: a WR dispatched late into a busy NIC does not shorten the window") {
+  // Two lanes on one 6.25 MB/s NIC that never runs dry.  Each burst retires
+  // 16 WRs; the first one retired was dispatched (by the other lane) 40 ms
+  // before it, long after the previous burst, while the rest waited in the
+  // link's queue.  Timing the window from that dispatch read 16 WRs in
+  // 40 ms: 8x the link (the bimodal 200 / 50 Mbit/s mesh runs).
+  nic_load n(1.25e9);
+  const std::uint64_t wr = 128 * 1024;
+  const std::int64_t wire = 20'971'520;  // one WR at 6.25 MB/s
+  std::int64_t t = 0;
+  for (int i = 0; i < 32; ++i) n.dispatched(wr, t);  // a queue that never drains below 16
+  for (int burst = 0; burst < 12; ++burst) {
+    t += 16 * wire;
+    n.dispatched(wr, t - 40'000'000);  // the late one, on the other lane
+    n.completed(wr, t);
+    for (int i = 1; i < 16; ++i) n.completed(wr, t + i * 2'000);
+    for (int i = 1; i < 16; ++i) n.dispatched(wr, t + 20'000);  // refill
+  }
+  CHECK(n.bandwidth() == doctest::Approx(6.25e6).epsilon(0.1));
+  CHECK(n.inflight_bytes() > 0);  // busy throughout
+}
+
+TEST_CASE("nic_load: a busy period that ends dry is one exact sample, whatever its bursts") {
+  // Seen on a 50 Mbit/s rail with two lanes and sparse signaling: 16 x 512 KiB
+  // in flight, retired as 512 KiB after 1.447 s, 3 MiB 5 ms later and the
+  // last 4.5 MiB 1 ms after that.  Windows between those bursts read 0.4,
+  // 621 and 3952 MB/s; the period as a whole moved 8 MiB in 1.453 s.
+  nic_load n(1.25e9);
+  const std::uint64_t wr = 512 * 1024;
+  for (int i = 0; i < 16; ++i) n.dispatched(wr, 0);
+  n.completed(wr, 1'447'000'000);
+  for (int i = 0; i < 6; ++i) n.completed(wr, 1'452'000'000 + i * 1'000);
+  for (int i = 0; i < 9; ++i) n.completed(wr, 1'453'000'000 + i * 1'000);
+  CHECK(n.inflight_bytes() == 0);
+  CHECK(n.bandwidth() == doctest::Approx(16.0 * wr * 1e9 / 1'453'008'000).epsilon(0.01));
 }
 
 // Conformance over every shipped path policy: indices in range, peers valid.
@@ -356,10 +393,9 @@ TEST_CASE("retire_wr: a coalesced WR retires its riders, gives the head its own 
   rail_state rail;
   rail_health_config cfg;
   rail.fail(0, cfg);
-  nic.dispatched(head.length);
+  nic.dispatched(head.length, 0);
   head.charged = &nic;
   head.rail = &rail;
-  head.dispatched_ns = 1;
   retire_wr(head, tide::errc::ok);
   for (int t = 0; t < 3; ++t) {
     CHECK(b.tasks[t].state == tide::transfer_state::completed);
@@ -387,7 +423,7 @@ TEST_CASE("retire_wr: a coalesced WR retires its riders, gives the head its own 
   h.rider = &c.tasks[1].slices[0];
   h.share = 100;
   h.length = 200;
-  nic.dispatched(200);
+  nic.dispatched(200, 0);
   h.charged = &nic;
   retire_wr(h, tide::errc::transport_retry_exceeded);
   CHECK(c.tasks[0].state == tide::transfer_state::failed);

@@ -16,7 +16,7 @@ namespace tide::policy {
 
 /// The spin catches what comes back within a round trip (a small request's
 /// completion, the next request of a caller that submits right after
-/// wait()), so one-request batches see busy_poll's latency.  Past the
+/// wait()), so one-request batches see a spinning worker.  Past the
 /// window the worker sleeps until a completion or wake(), so a worker
 /// whose WRs take milliseconds (large slices, slow links) leaves the CPU to
 /// others: on Soft-RoCE, to the kernel threads that move the bytes.

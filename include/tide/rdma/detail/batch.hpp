@@ -78,7 +78,6 @@ struct slice {
   plan::rail_state* rail = nullptr;        ///< the rail it was sent on (health feedback)
   const plan::rail_map* rails = nullptr;   ///< the target's rail map (for a retry)
   std::uint32_t peer_nic = 0;              ///< rail_table id of the peer NIC
-  std::int64_t dispatched_ns = 0;          ///< steady clock, when handed to a lane
   bool inline_data = false;                ///< small enough for IBV_SEND_INLINE; the lane decides
   bool probe = false;                      ///< the one slice a paused rail lets through
 };

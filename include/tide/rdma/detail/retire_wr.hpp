@@ -39,7 +39,7 @@ inline void release_charge(slice& s, bool error) noexcept {
 inline void retire_wr(slice& s, errc e) noexcept {
   if (e == errc::ok) {
     if (s.charged != nullptr) {
-      s.charged->completed(s.length, s.dispatched_ns, steady_now_ns());
+      s.charged->completed(s.length, steady_now_ns());
       s.charged = nullptr;
     }
     if (s.rail != nullptr) s.rail->succeed();

@@ -51,9 +51,8 @@ void rdma_transport<P>::bind_rail(detail::slice& s, const local_buffer& lb, cons
                                                                         : plan::rail_table::kNoPeer;
   s.rail = s.peer_nic != plan::rail_table::kNoPeer ? &rails_.at(r.local, s.peer_nic) : nullptr;
   s.probe = r.probe;
-  s.dispatched_ns = now_ns;
   s.charged = &loads_[r.local];
-  s.charged->dispatched(s.length);
+  s.charged->dispatched(s.length, now_ns);
 }
 
 template <class P>
@@ -247,8 +246,7 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // rail still healthy: the same rail again.  Otherwise never the rail that failed.
   auto same_rail_again = [&] {
     s.charged = &loads_[s.local_device];
-    s.charged->dispatched(s.length);
-    s.dispatched_ns = now_us * 1000;
+    s.charged->dispatched(s.length, now_us * 1000);
     dispatch_one(s);
   };
   if (!plan::counts_against_rail(e) && s.rail != nullptr && s.rail->healthy() && contexts_[s.local_device]->active()) {

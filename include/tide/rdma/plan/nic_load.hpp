@@ -4,12 +4,18 @@
 /// and what engine->stats() reports.
 ///
 /// Bandwidth: before any sample, the port's rate from sysfs (speed x width,
-/// "100 Gb/sec (4X EDR)").  Then samples over busy windows: a window opens
-/// at the later of a WR's dispatch and the NIC's previous completion (an
-/// idle NIC is not a slow one) and gathers the bytes completed.  It closes
-/// as a sample (bytes / length) at the end of a burst of completions, once
-/// it is kMinWindow long, or when the NIC runs dry (dropped if still too
-/// short).  Single completions are not samples: a signaled completion
+/// "100 Gb/sec (4X EDR)").  Then samples: when the NIC runs dry, the
+/// bytes of the whole busy period over its length (exact: nothing of it is
+/// in flight any more).  Inside a long busy period, windows: a window opens
+/// at the later of the NIC's previous completion and the moment its
+/// in-flight bytes last rose from zero (an idle NIC is not a slow one; a
+/// WR dispatched late into a busy NIC does not shorten the window, or the
+/// older WRs that complete with it would count as moved in no time: a
+/// 50 Mbit/s link read as 50-190 MB/s that way) and gathers the bytes
+/// completed.  It closes as a sample (bytes / length) at the end of a burst
+/// of completions, once it is kMinBusyWindow long and holds more bytes
+/// than are in flight (which may have moved in it unreported).  Single
+/// completions are not samples: a signaled completion
 /// retires the unsignaled WRs before it within microseconds, and
 /// per-completion intervals read as tens of GB/s (a 50 Mbit/s rail was
 /// estimated at the 100 Gb/s clamp that way).  The first sample replaces
@@ -36,7 +42,10 @@ namespace tide::rdma::plan {
 class nic_load {
  public:
   static constexpr double kWeight = 0.125;  ///< of a new sample in the EWMA
-  static constexpr std::int64_t kMinWindowNs = 1'000'000;  ///< a sample spans at least 1 ms of busy time
+  static constexpr std::int64_t kMinWindowNs = 1'000'000;  ///< a busy period shorter than 1 ms is no sample
+  /// A window inside a busy period spans at least 1 s: one signaled
+  /// completion may retire megabytes moved over the whole window.
+  static constexpr std::int64_t kMinBusyWindowNs = 1'000'000'000;
   static constexpr std::int64_t kBurstGapNs = 50'000;      ///< completions further apart start a new burst
 
   /// `prior_bps`: bytes per second assumed before the first sample (> 0).
@@ -50,9 +59,9 @@ class nic_load {
     bw_.store(std::bit_cast<std::uint64_t>(prior_), std::memory_order_relaxed);
   }
 
-  /// A WR of `bytes` was handed to a lane.
-  void dispatched(std::uint64_t bytes) noexcept {
-    inflight_.fetch_add(bytes, std::memory_order_relaxed);
+  /// A WR of `bytes` was handed to a lane at `now_ns` (steady clock).
+  void dispatched(std::uint64_t bytes, std::int64_t now_ns) noexcept {
+    if (inflight_.fetch_add(bytes, std::memory_order_relaxed) == 0) busy_since_ns_.store(now_ns, std::memory_order_relaxed);
     wrs_.fetch_add(1, std::memory_order_relaxed);
   }
   /// A dispatched WR left without completing on the wire (failed, canceled, dropped).
@@ -60,28 +69,39 @@ class nic_load {
     inflight_.fetch_sub(bytes, std::memory_order_relaxed);
     if (error) errors_.fetch_add(1, std::memory_order_relaxed);
   }
-  /// A dispatched WR completed successfully at `now_ns`; it was dispatched at
-  /// `dispatched_ns` (same clock).
-  void completed(std::uint64_t bytes, std::int64_t dispatched_ns, std::int64_t now_ns) noexcept {
+  /// A dispatched WR completed successfully at `now_ns` (steady clock).
+  void completed(std::uint64_t bytes, std::int64_t now_ns) noexcept {
     const std::uint64_t left = inflight_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
     double bps = 0, dry_bps = 0;
     {
       std::lock_guard lock(window_mu_);
-      if (window_bytes_ != 0 && now_ns - last_done_ns_ > kBurstGapNs && last_done_ns_ - window_start_ns_ >= kMinWindowNs) {
-        // A new burst of completions: the window ends with the previous one.
-        bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(last_done_ns_ - window_start_ns_);
-        window_bytes_ = 0;
+      const std::int64_t busy_since = busy_since_ns_.load(std::memory_order_relaxed);
+      if (busy_since != period_start_ns_) {  // a new busy period
+        period_start_ns_ = busy_since;
+        period_bytes_ = 0;
       }
-      if (window_bytes_ == 0) window_start_ns_ = std::max(last_done_ns_, dispatched_ns);
-      window_bytes_ += bytes;
-      last_done_ns_ = now_ns;
+      period_bytes_ += bytes;
       if (left == 0) {
-        // Ran dry: what the window holds is all there is (dropped when too short to mean anything).
-        if (now_ns - window_start_ns_ >= kMinWindowNs)
-          dry_bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(now_ns - window_start_ns_);
+        // Ran dry: every byte of the busy period is done, so bytes / its
+        // length is exact, whatever the signaling let us see in between
+        // (dropped when too short to mean anything).
+        if (now_ns - busy_since >= kMinWindowNs)
+          dry_bps = static_cast<double>(period_bytes_) * 1e9 / static_cast<double>(now_ns - busy_since);
         window_bytes_ = 0;
+      } else {
+        // A new burst of completions ends the window with the previous one,
+        // once it is long and holds more bytes than are still in flight:
+        // those may have moved in it too, unreported (sparse signaling).
+        if (window_bytes_ != 0 && now_ns - last_done_ns_ > kBurstGapNs &&
+            last_done_ns_ - window_start_ns_ >= kMinBusyWindowNs && left + bytes <= window_bytes_) {
+          bps = static_cast<double>(window_bytes_) * 1e9 / static_cast<double>(last_done_ns_ - window_start_ns_);
+          window_bytes_ = 0;
+        }
+        if (window_bytes_ == 0) window_start_ns_ = std::max(last_done_ns_, busy_since);
+        window_bytes_ += bytes;
       }
+      last_done_ns_ = now_ns;
     }
     if (bps > 0) sample(bps);
     if (dry_bps > 0) sample(dry_bps);
@@ -117,9 +137,12 @@ class nic_load {
   std::atomic<std::uint64_t> errors_{0};
   std::atomic<std::uint64_t> bw_{0};  ///< a double's bits
   std::atomic<bool> sampled_{false};
+  std::atomic<std::int64_t> busy_since_ns_{0};  ///< when inflight_ last rose from 0
   std::mutex window_mu_;
   std::int64_t window_start_ns_ = 0;  // under window_mu_
   std::uint64_t window_bytes_ = 0;    // under window_mu_
+  std::int64_t period_start_ns_ = -1; // under window_mu_: the busy period period_bytes_ counts
+  std::uint64_t period_bytes_ = 0;    // under window_mu_
   std::int64_t last_done_ns_ = 0;     // under window_mu_
 };
 
