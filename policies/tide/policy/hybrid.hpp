@@ -2,7 +2,7 @@
 /// tide::policy::hybrid — spin for a while, then sleep until woken or a cap
 /// (Mooncake's transfer worker: 100 ms, then condition-variable waits of 1 s).
 
-#include <tide/detail/sharded_shared_mutex.hpp>
+#include <tide/policy/detail/spin_window.hpp>
 #include <tide/policy/detail/wake_gate.hpp>
 #include <tide/policy/idle.hpp>
 #include <tide/result.hpp>
@@ -52,32 +52,17 @@ class hybrid {
   [[nodiscard]] static result<hybrid> create() { return create(config{}); }
 
   /// Only before any thread uses `o`.
-  hybrid(hybrid&& o) noexcept : cfg_(o.cfg_) {}
+  hybrid(hybrid&& o) noexcept : cfg_(o.cfg_), window_(o.cfg_.spin) {}
   hybrid& operator=(hybrid&&) = delete;
 
   status attach(ibv_cq* /*cq*/, ibv_comp_channel* /*channel*/) { return {}; }
   void detach(ibv_cq* /*cq*/) noexcept {}
 
-  void on_work() noexcept {
-    empty_passes_ = 0;
-    sleepy_ = false;
-  }
+  void on_work() noexcept { window_.reset(); }
 
   template <class Repass>
   void on_empty(Repass&& repass) noexcept {
-    if (!sleepy_) {
-      // The clock is read on the first empty pass and then every 64th, so
-      // an empty pass mostly costs one PAUSE.
-      if (empty_passes_++ == 0) {
-        idle_since_ = clock::now();
-      } else if ((empty_passes_ & 63) == 0 && clock::now() - idle_since_ >= cfg_.spin) {
-        sleepy_ = true;
-      }
-      if (!sleepy_) {
-        tide::detail::cpu_relax();
-        return;
-      }
-    }
+    if (window_.spin()) return;
     const std::uint32_t seen = event_.prepare();
     const bool exact = gate_.announce();
     if (repass()) {
@@ -102,13 +87,10 @@ class hybrid {
   [[nodiscard]] static bool exact_wakeups() noexcept { return detail::heavy_barrier_available(); }
 
  private:
-  using clock = std::chrono::steady_clock;
-  explicit hybrid(const config& cfg) noexcept : cfg_(cfg) {}
+  explicit hybrid(const config& cfg) noexcept : cfg_(cfg), window_(cfg.spin) {}
 
   config cfg_;
-  clock::time_point idle_since_{};
-  std::uint64_t empty_passes_ = 0;
-  bool sleepy_ = false;
+  detail::spin_window window_;
   std::atomic<std::uint64_t> sleeps_{0};
   alignas(64) detail::wake_gate gate_;
   detail::futex_event event_;

@@ -2,8 +2,8 @@
 /// tide::policy::spin_event — spin for a short window after the last useful
 /// pass, then sleep on the completion channels like cq_event.
 
-#include <tide/detail/sharded_shared_mutex.hpp>
 #include <tide/policy/cq_event.hpp>
+#include <tide/policy/detail/spin_window.hpp>
 #include <tide/policy/idle.hpp>
 #include <tide/result.hpp>
 
@@ -51,27 +51,18 @@ class spin_event {
   [[nodiscard]] static result<spin_event> create() { return create(config{}); }
 
   /// Only before any thread uses `o`.
-  spin_event(spin_event&& o) noexcept : spin_(o.spin_), sleeper_(std::move(o.sleeper_)) {}
+  spin_event(spin_event&& o) noexcept : window_(std::move(o.window_)), sleeper_(std::move(o.sleeper_)) {}
   spin_event& operator=(spin_event&&) = delete;
 
   /// As cq_event::attach / detach.
   status attach(ibv_cq* cq, ibv_comp_channel* channel) { return sleeper_.attach(cq, channel); }
   void detach(ibv_cq* cq) noexcept { sleeper_.detach(cq); }
 
-  void on_work() noexcept { empty_passes_ = 0; }
+  void on_work() noexcept { window_.reset(); }
 
   template <class Repass>
   void on_empty(Repass&& repass) noexcept {
-    // The clock is read on the first empty pass and then every 64th.
-    if (empty_passes_++ == 0) {
-      idle_since_ = clock::now();
-      tide::detail::cpu_relax();
-      return;
-    }
-    if ((empty_passes_ & 63) != 0 || clock::now() - idle_since_ < spin_) {
-      tide::detail::cpu_relax();
-      return;
-    }
+    if (window_.spin()) return;
     sleeper_.on_empty(std::forward<Repass>(repass));
   }
 
@@ -84,13 +75,10 @@ class spin_event {
   [[nodiscard]] static bool exact_wakeups() noexcept { return cq_event::exact_wakeups(); }
 
  private:
-  using clock = std::chrono::steady_clock;
-  spin_event(std::chrono::nanoseconds spin, cq_event sleeper) noexcept : spin_(spin), sleeper_(std::move(sleeper)) {}
+  spin_event(std::chrono::nanoseconds spin, cq_event sleeper) noexcept : window_(spin), sleeper_(std::move(sleeper)) {}
 
-  std::chrono::nanoseconds spin_;
+  detail::spin_window window_;
   cq_event sleeper_;
-  clock::time_point idle_since_{};
-  std::uint64_t empty_passes_ = 0;
 };
 
 }  // namespace tide::policy
