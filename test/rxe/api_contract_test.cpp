@@ -15,6 +15,7 @@
 #include <tide/policy/http.hpp>
 
 #include "devices_under_test.hpp"
+#include "rxe_helpers.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -31,6 +32,7 @@ using tide::transfer_op;
 using tide::transfer_request;
 using tide::transfer_state;
 using tide::test::devices_under_test;
+using tide::test::make_engine;
 
 tide::engine_config config_for(const std::string& device) {
   tide::engine_config c;
@@ -40,12 +42,6 @@ tide::engine_config config_for(const std::string& device) {
   c.num_qp_per_ep = 1;  // a lane owns one QP of every endpoint
   c.transfer_timeout = 60s;
   return c;
-}
-
-std::unique_ptr<tide::transfer_engine<>> make_engine(const tide::engine_config& c) {
-  auto e = tide::transfer_engine<>::create(c);
-  if (!e) FAIL("transfer_engine::create: " << e.error().message());
-  return std::move(*e);
 }
 
 // Page-aligned memory filled with one byte value.

@@ -44,25 +44,15 @@ using tide::transfer_request;
 using tide::transfer_state;
 
 using tide::test::buffer;
+using tide::test::config_for;
 using tide::test::devices_under_test;
 using tide::test::fill;
 using tide::test::run_one;
 
-tide::engine_config config_for(std::vector<std::string> devices) {
-  tide::engine_config c;
-  c.local_server_name = "127.0.0.1";
-  c.devices = std::move(devices);
-  c.transfer_timeout = 60s;
-  return c;
-}
-
 template <class P = tide::default_policies>
 std::unique_ptr<tide::transfer_engine<P>> make_engine(std::vector<std::string> devices,
                                                       tide::engine_config c = {}) {
-  if (c.devices.empty()) c = config_for(std::move(devices));
-  auto e = tide::transfer_engine<P>::create(c);
-  if (!e) FAIL("transfer_engine::create: " << e.error().message());
-  return std::move(*e);
+  return tide::test::make_engine<P>(c.devices.empty() ? config_for(std::move(devices)) : std::move(c));
 }
 
 bool same(const unsigned char* a, const unsigned char* b, std::size_t n) { return std::memcmp(a, b, n) == 0; }

@@ -36,22 +36,17 @@ using tide::transfer_state;
 using tide::test::buffer;
 using tide::test::devices_under_test;
 using tide::test::fill;
-using tide::test::lane_config;
+using tide::test::config_for;
 using tide::test::run_one;
+using tide::test::make_engine;
 using engine = tide::transfer_engine<>;
-
-std::unique_ptr<engine> make_engine(const tide::engine_config& c) {
-  auto e = engine::create(c);
-  REQUIRE_MESSAGE(e.has_value(), (e ? "" : e.error().message()));
-  return std::move(*e);
-}
 
 // ---- the peer process: prints "SEGMENT <name> <base>", then answers
 // "CHECK off len seed" / "FILL off len seed" with OK or BAD.
 constexpr std::size_t kPeerMem = 8u << 20;
 
 int peer_main(const std::string& device, std::uint16_t port) {
-  auto c = lane_config(device);
+  auto c = config_for({device});
   c.handshake_port = port;
   auto e = engine::create(c);
   if (!e) {
@@ -193,7 +188,7 @@ TEST_CASE("16 peers, max_cqe 64, send queues of 16: no lost completion, no TIMEO
   constexpr std::size_t kPer = 2u << 20;  // per peer
   constexpr std::size_t kReqs = 16;       // per peer and round: 128 KiB = 2 slices each
   auto small = [](const std::string& dev) {
-    auto c = lane_config(dev);
+    auto c = config_for({dev});
     c.max_cqe = 64;
     c.max_wr = 16;
     c.signal_interval = 4;
@@ -254,7 +249,7 @@ TEST_CASE_TEMPLATE("both directions over passive endpoints after idle gaps: no r
   // One lane per engine: under TCG emulation four busy-polling lanes on two
   // vCPUs starve Soft-RoCE's own kernel work (a CPU limit, not a sleeping lane).
   auto one_lane = [](const std::string& dev) {
-    auto c = lane_config(dev);
+    auto c = config_for({dev});
     c.num_qp_per_ep = 1;
     return c;
   };
@@ -302,8 +297,8 @@ TEST_CASE_TEMPLATE("both directions over passive endpoints after idle gaps: no r
 
 TEST_CASE("a peer re-handshakes the same path with new QPNs while traffic is queued: nothing lost") {
   const auto devs = devices_under_test();
-  auto a = make_engine(lane_config(devs[0]));
-  auto b = make_engine(lane_config(devs[1]));
+  auto a = make_engine(config_for({devs[0]}));
+  auto b = make_engine(config_for({devs[1]}));
   constexpr std::size_t kSize = 4u << 20;
   constexpr std::size_t kHalf = kSize / 2;  // a -> b traffic; b -> a writes the top
   buffer ma(kSize), mb(kSize);
@@ -369,7 +364,7 @@ TEST_CASE("a peer re-handshakes the same path with new QPNs while traffic is que
 
 TEST_CASE("a peer process restarts with the same segment name while traffic is queued: traffic resumes") {
   const auto devs = devices_under_test();
-  auto a = make_engine(lane_config(devs[0]));
+  auto a = make_engine(config_for({devs[0]}));
   buffer ma(kPeerMem);
   REQUIRE(a->register_memory(ma.data, kPeerMem, "cpu:0"));
   const auto port = static_cast<std::uint16_t>(17100 + ::getpid() % 800);
@@ -417,9 +412,9 @@ TEST_CASE("a peer process restarts with the same segment name while traffic is q
 
 TEST_CASE("a WRITE to a stale rkey fails its endpoint with remote_access_error; other peers continue") {
   const auto devs = devices_under_test();
-  auto a = make_engine(lane_config(devs[0]));
-  auto b = make_engine(lane_config(devs[1]));
-  auto c = make_engine(lane_config(devs[1]));
+  auto a = make_engine(config_for({devs[0]}));
+  auto b = make_engine(config_for({devs[1]}));
+  auto c = make_engine(config_for({devs[1]}));
   constexpr std::size_t kSize = 1u << 20;
   buffer ma(kSize), mb(kSize), mc(kSize);
   REQUIRE(a->register_memory(ma.data, kSize, "cpu:0"));

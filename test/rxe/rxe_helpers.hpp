@@ -1,8 +1,10 @@
 #pragma once
 // Helpers of the rxe suites (engine_test.cpp, lanes_test.cpp): page-aligned buffers, seeded
-// patterns, one-request transfers, engine configs.  Test code only.
+// patterns, one-request transfers, engine configs and engines.  Test code only.
 
 #include <tide/engine.hpp>
+
+#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,18 +41,20 @@ inline void fill(unsigned char* p, std::size_t n, std::uint64_t seed) {
   for (; i < n; ++i) p[i] = static_cast<unsigned char>(g());
 }
 
-inline engine_config lane_config(const std::string& device) {
+/// A loopback engine on `devices`, 60 s transfer timeout.
+inline engine_config config_for(std::vector<std::string> devices) {
   engine_config c;
   c.local_server_name = "127.0.0.1";
-  c.devices = {device};
+  c.devices = std::move(devices);
   c.transfer_timeout = 60s;
   return c;
 }
 
+/// An engine on `c`; ends the test case with create's error when it fails.
 template <class P = default_policies>
-std::unique_ptr<transfer_engine<P>> make(const engine_config& c) {
+std::unique_ptr<transfer_engine<P>> make_engine(const engine_config& c) {
   auto e = transfer_engine<P>::create(c);
-  if (!e) return nullptr;
+  if (!e) FAIL("transfer_engine::create: " << e.error().message());
   return std::move(*e);
 }
 
