@@ -157,6 +157,10 @@ struct engine_config {
   /// overrides.  All or nothing.  Errors: config_invalid naming the file and
   /// the key (unknown key, wrong type, out of range), or why it cannot be read.
   [[nodiscard]] status apply_file(const std::string& path);
+  /// apply_file's work on the text of a JSON object; errors name `origin`
+  /// where apply_file names the file (the Python module passes its keyword
+  /// arguments this way).
+  [[nodiscard]] status apply_json(std::string_view json_object, const std::string& origin);
   /// engine_config{} with apply_file(path).
   [[nodiscard]] static result<engine_config> from_file(const std::string& path);
 };
@@ -283,10 +287,29 @@ class transfer_engine {
   /// dropped, posted ones drain (complete or flush); each task turns
   /// CANCELED when its last slice is back (wait() returns then).
   [[nodiscard]] status cancel(batch_id b) noexcept { return transport_->cancel(b); }
+  /// Tells `listener` (once) when the batch's last unfinished task turns
+  /// final, or at once when none is unfinished; nullptr stops watching.
+  /// One listener per batch; free_batch drops it.  The listener must outlive
+  /// the watch: after watch_batch(b, nullptr) or free_batch(b) returns it is
+  /// not called for b again.  Errors: unknown_batch.
+  [[nodiscard]] status watch_batch(batch_id b, batch_listener* listener) noexcept {
+    return transport_->watch_batch(b, listener);
+  }
 
   // ---- notifications ----
-  /// Sends `msg` to the owner of segment `target` over its handshake port.
-  [[nodiscard]] status send_notify(segment_id target, std::string_view msg);
+  /// Sends `msg` to the owner of segment `target` over its handshake port,
+  /// named as from `sender` ("" = this engine's segment name; Mooncake's
+  /// TransferNotify lets the caller name it).
+  [[nodiscard]] status send_notify(segment_id target, std::string_view msg, std::string_view sender = {});
+  /// Is the owner of `segment` (a segment name, open or not) alive?  One
+  /// probe message to its handshake port (Mooncake's type 3, which Mooncake
+  /// peers answer too; authenticated with the cluster secret); no segment is
+  /// opened and no QP is created.  Errors within `timeout`: peer_unreachable
+  /// (nothing listens, or no answer in time), auth_failed (the peer does not
+  /// share our secret), handshake_failed / protocol_error (it answered
+  /// something else), invalid_argument (the name is no "host[:port]"; no
+  /// port means Mooncake's default, 12001).
+  [[nodiscard]] status probe(std::string_view segment, std::chrono::milliseconds timeout);
   /// The notifications received so far (and forgets them).
   [[nodiscard]] std::vector<notify_desc> take_notifies();
   /// The inbox's counters (what was refused, by which bound).

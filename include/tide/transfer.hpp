@@ -88,6 +88,19 @@ enum class transfer_state : std::uint8_t { waiting, pending, completed, failed, 
 /// No device (transfer_status::failed_local_device when no NIC path failed).
 inline constexpr std::uint16_t kNoDevice = 0xffff;
 
+/// Told when a watched batch's last unfinished task turns final
+/// (transfer_engine::watch_batch): an event loop's way to learn of a
+/// completion without a thread blocked in wait().  batch_final runs on the
+/// engine thread that retired the task, under the batch's mutex: it must not
+/// block, throw or call into the engine.
+class batch_listener {
+ public:
+  virtual void batch_final(batch_id b) noexcept = 0;
+
+ protected:
+  ~batch_listener() = default;
+};
+
 struct transfer_status {
   transfer_state state = transfer_state::waiting;
   std::uint64_t transferred_bytes = 0;

@@ -115,19 +115,23 @@ status read_file(const std::string& path, std::string& out) {
 status engine_config::apply_file(const std::string& path) {
   std::string text;
   if (auto r = read_file(path, text); !r) return r;
+  return apply_json(text, "config file " + path);
+}
+
+status engine_config::apply_json(std::string_view text, const std::string& origin) {
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    return fail(errc::config_invalid, "config file " + path + ": not JSON: " + e.what());
+    return fail(errc::config_invalid, origin + ": not JSON: " + e.what());
   }
-  if (!root.is_object()) return fail(errc::config_invalid, "config file " + path + ": expected a JSON object");
+  if (!root.is_object()) return fail(errc::config_invalid, origin + ": expected a JSON object");
   // Applied to a copy: a file with an error changes nothing.
   engine_config next = *this;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
     const nlohmann::json& v = it.value();
-    const std::string where = "config file " + path + ": \"" + key + "\"";
+    const std::string where = origin + ": \"" + key + "\"";
     bool known = false;
     auto number = [&](std::string_view name, std::string_view, auto& field, long long lo, long long hi) -> status {
       if (name != key) return {};
@@ -170,7 +174,7 @@ status engine_config::apply_file(const std::string& path) {
         next.devices.push_back(v[i].get<std::string>());
       }
     }
-    if (!known) return fail(errc::config_invalid, "config file " + path + ": unknown key \"" + key + "\"");
+    if (!known) return fail(errc::config_invalid, origin + ": unknown key \"" + key + "\"");
   }
   *this = std::move(next);
   return {};

@@ -141,8 +141,14 @@ status batch_table::free(batch_id id) noexcept {
   for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
   b->used.store(0, std::memory_order_relaxed);
   b->canceled.store(false, std::memory_order_relaxed);
-  // Dead from here: lookups of `id` fail; the next allocate bumps the generation.
-  b->tag.store(tag_of(generation_of(tag), false), std::memory_order_release);
+  {
+    // Dead from here: lookups of `id` fail; the next allocate bumps the
+    // generation.  Under mu with the listener's clear, so a watch() racing
+    // this free sees the dead tag or has its listener cleared.
+    std::lock_guard wl(b->mu);
+    b->tag.store(tag_of(generation_of(tag), false), std::memory_order_release);
+    b->listener = nullptr;
+  }
   // allocate reserved room for every slot it handed out: no allocation here.
   free_slots_.push_back(static_cast<std::uint32_t>(id & 0xffffffffu));
   return {};
@@ -238,6 +244,18 @@ status batch_table::cancel(batch_id id) noexcept {
   b->canceled.store(true, std::memory_order_release);
   const std::size_t n = b->used.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) detail::stop_task(b->tasks[i], transfer_state::canceled, errc::canceled);
+  return {};
+}
+
+status batch_table::watch(batch_id id, batch_listener* listener) noexcept {
+  detail::batch_state* b = lookup(id);
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "watch: unknown batch ", id));
+  std::lock_guard lock(b->mu);
+  // Re-checked under mu: free() clears the listener under mu after the tag dies.
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "watch: batch freed meanwhile: ", id));
+  b->listener = listener;
+  b->listener_id = id;
+  if (listener != nullptr && b->unfinished.load(std::memory_order_acquire) == 0) listener->batch_final(id);
   return {};
 }
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -335,4 +336,72 @@ TEST_CASE("no exceptions on the hot path: a batch too big for memory is out_of_m
   static_assert(noexcept(t->allocate(1)) && noexcept(t->free(1)) && noexcept(t->task_status(1, 0)) &&
                 noexcept(t->batch_status(1)) && noexcept(t->wait(1, std::declval<std::chrono::milliseconds>())) &&
                 noexcept(t->cancel(1)));
+}
+
+namespace {
+// Counts batch_final calls per id (the Python module's completion queue in small).
+struct counting_listener final : batch_listener {
+  std::mutex mu;
+  std::vector<batch_id> seen;
+  void batch_final(batch_id b) noexcept override {
+    std::lock_guard lock(mu);
+    seen.push_back(b);
+  }
+  std::size_t count() {
+    std::lock_guard lock(mu);
+    return seen.size();
+  }
+};
+}  // namespace
+
+TEST_CASE("watch: told once when the last task ends, at once when none runs; free and a clear stop it") {
+  auto t = make_table(4);
+  counting_listener l;
+  const batch_id id = t->allocate(2).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 2, 1);
+  CHECK(t->watch(id, &l));
+  rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+  CHECK(l.count() == 0);  // one task still runs
+  rdma::detail::retire_slice(b->tasks[1].slices[0], errc::remote_access_error);
+  REQUIRE(l.count() == 1);
+  CHECK(l.seen[0] == id);
+  // Watching a batch that is already final tells at once (the listener may race the end).
+  CHECK(t->watch(id, &l));
+  CHECK(l.count() == 2);
+  CHECK(t->free(id));
+  CHECK(t->watch(id, &l).error().code == errc::unknown_batch);  // stale id
+  // The slot's next batch does not inherit the listener.
+  const batch_id next = t->allocate(1).value();
+  auto* nb = t->lookup(next);
+  fake_submit(*nb, 1, 1);
+  rdma::detail::retire_slice(nb->tasks[0].slices[0], errc::ok);
+  CHECK(l.count() == 2);
+  // A cleared watch is not told.
+  const batch_id third = t->allocate(1).value();
+  auto* tb = t->lookup(third);
+  fake_submit(*tb, 1, 1);
+  CHECK(t->watch(third, &l));
+  CHECK(t->watch(third, nullptr));
+  rdma::detail::retire_slice(tb->tasks[0].slices[0], errc::ok);
+  CHECK(l.count() == 2);
+  CHECK(t->free(next));
+  CHECK(t->free(third));
+}
+
+TEST_CASE("watch: a watch racing the last completion is told exactly once or at once, never lost") {
+  auto t = make_table(2);
+  for (int round = 0; round < 200; ++round) {
+    counting_listener l;
+    const batch_id id = t->allocate(1).value();
+    auto* b = t->lookup(id);
+    fake_submit(*b, 1, 1);
+    std::thread finisher([&] { rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok); });
+    CHECK(t->watch(id, &l));
+    finisher.join();
+    // Either the retirement saw the listener, or watch() saw the batch final: at least once, at most twice.
+    CHECK(l.count() >= 1);
+    CHECK(l.count() <= 2);
+    CHECK(t->free(id));
+  }
 }

@@ -328,7 +328,7 @@ result<std::shared_ptr<const segment_desc>> transfer_engine<P>::segment_descript
 }
 
 template <class P>
-status transfer_engine<P>::send_notify(segment_id target, std::string_view msg) {
+status transfer_engine<P>::send_notify(segment_id target, std::string_view msg, std::string_view sender) {
   auto name = cache_->name_of(target);
   if (!name) return fail(name.error());
   auto addr = net::parse_peer_address(*name);
@@ -338,7 +338,22 @@ status transfer_engine<P>::send_notify(segment_id target, std::string_view msg) 
   ro.receive_timeout = cfg_.handshake_timeout;
   ro.secret = impl_->secret;
   ro.identity = name_;
-  return net::send_notify(addr->host, addr->port, notify_desc{name_, std::string(msg)}, ro);
+  return net::send_notify(addr->host, addr->port,
+                          notify_desc{sender.empty() ? name_ : std::string(sender), std::string(msg)}, ro);
+}
+
+template <class P>
+status transfer_engine<P>::probe(std::string_view segment, std::chrono::milliseconds timeout) {
+  // A name without a port means Mooncake's default handshake port (12001), as its send_probe.
+  auto addr = detail::handshake_address(cache_->backend(), cfg_.cluster_id, segment, impl_->rpc_mu, impl_->rpc_addr,
+                                        false);
+  if (!addr) return fail(errc::invalid_argument, "probe: " + addr.error().message());
+  net::request_options ro;
+  ro.connect_timeout = std::min(timeout, cfg_.handshake_connect_timeout);
+  ro.receive_timeout = timeout;
+  ro.secret = impl_->secret;
+  ro.identity = name_;
+  return net::probe(addr->host, addr->port, ro);
 }
 
 template <class P>

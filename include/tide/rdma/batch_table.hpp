@@ -73,6 +73,11 @@ class batch_table {
   [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout,
                             std::chrono::microseconds spin = {}) noexcept;
   [[nodiscard]] status cancel(batch_id id) noexcept;
+  /// Sets (or with nullptr clears) the listener told when the batch's last
+  /// unfinished task turns final; told at once when none is unfinished.
+  /// After a clear returns the old listener is not called for `id` again;
+  /// free() clears it too.  Errors: unknown_batch.
+  [[nodiscard]] status watch(batch_id id, batch_listener* listener) noexcept;
 
   [[nodiscard]] std::size_t max_batches() const noexcept { return max_batches_; }
   /// Batches allocated and not freed (takes the allocation mutex).

@@ -139,6 +139,9 @@ class rdma_transport {
     return batches_->wait(id, timeout, cfg_.wait_spin);
   }
   [[nodiscard]] status cancel(batch_id id) noexcept { return batches_->cancel(id); }
+  [[nodiscard]] status watch_batch(batch_id id, batch_listener* listener) noexcept {
+    return batches_->watch(id, listener);
+  }
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of

@@ -124,6 +124,10 @@ struct batch_state {
   std::atomic<std::uint64_t> tag{0};
   std::mutex mu;                     ///< pairs with cv for wait()
   std::condition_variable cv;
+  /// watch_batch's listener and the id it watches; guarded by mu (a lane
+  /// calls it under mu, so clearing it under mu ends every call).
+  batch_listener* listener = nullptr;
+  batch_id listener_id = 0;
 };
 
 /// Records `e` as the task's cause unless it has one; a flush gives way to
@@ -183,6 +187,7 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
       if (b.unfinished.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard lock(b.mu);
         b.cv.notify_all();
+        if (b.listener != nullptr) b.listener->batch_final(b.listener_id);
       }
       return true;
     }
