@@ -1,0 +1,394 @@
+// tide._tide.Engine: transfer_engine<P> for Python, thin.  Arguments are
+// converted with the GIL held, the C++ call runs without it, and its error
+// becomes an exception once the GIL is back (errors.hpp).  Return-code
+// conventions (Mooncake's), buffers and batches as objects live in Python.
+//
+// Ownership: the Python Engine holds a shared_ptr<core>; each call copies it
+// (GIL held) and drops the copy before retaking the GIL, so the engine is
+// destroyed without the GIL by whoever used it last, and close() while
+// another thread is inside a call only makes later calls fail.
+#include "completion.hpp"
+#include "engine_iface.hpp"
+#include "errors.hpp"
+
+#include <tide/topology/hca.hpp>
+#include <tide/topology/priority_matrix.hpp>
+
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+namespace tide::py {
+namespace pyb = pybind11;
+using namespace std::chrono;
+
+namespace {
+
+/// The engine and the completion queues it may call: the queues are
+/// destroyed after the engine, so no lane can call a freed listener.
+struct core {
+  std::unique_ptr<engine_iface> engine;
+  std::mutex mu;  ///< guards queues
+  std::vector<std::shared_ptr<completion_queue>> queues;
+  ~core() { engine.reset(); }
+};
+
+void* as_pointer(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }  // NOLINT(performance-no-int-to-ptr)
+
+pyb::tuple status_tuple(const engine_iface& e, const transfer_status& s) {
+  return pyb::make_tuple(static_cast<int>(s.state), s.transferred_bytes, static_cast<int>(s.reason),
+                         s.failed_local_device == kNoDevice ? std::string() : e.device_name(s.failed_local_device),
+                         std::string(s.failed_peer_path));
+}
+
+class py_engine {
+ public:
+  py_engine(const std::string& config_json, const std::string& policies, const std::string& metadata_kind) {
+    const auto& sets = policy_sets();
+    auto set = std::find_if(sets.begin(), sets.end(), [&](const policy_set& s) { return s.name == policies; });
+    if (set == sets.end()) {
+      std::string names;
+      for (const auto& s : sets) names += (names.empty() ? "" : ", ") + s.name;
+      throw pyb::value_error("unknown policy set '" + policies + "' (built: " + names + ")");
+    }
+    engine_factory make = metadata_kind == "etcd" ? set->etcd : metadata_kind == "http" ? set->http : set->p2p;
+    if (make == nullptr)
+      throw pyb::value_error("policy set '" + policies + "' is built with p2p metadata only, not " + metadata_kind);
+    engine_config cfg;
+    unwrap(cfg.apply_json(config_json, "tide.Engine"));
+    auto c = std::make_shared<core>();
+    error failure;
+    {
+      pyb::gil_scoped_release nogil;
+      auto e = make(std::move(cfg));
+      if (e) c->engine = std::move(*e);
+      else failure = std::move(e.error());
+    }
+    if (!c->engine) raise(std::move(failure));
+    core_ = std::move(c);
+  }
+
+  /// Runs f(engine) without the GIL.
+  template <class F>
+  auto call(F&& f) {
+    std::shared_ptr<core> c = core_;
+    if (!c) raise(error{errc::not_initialized, "the engine is closed"});
+    pyb::gil_scoped_release nogil;
+    auto r = f(*c->engine);
+    c.reset();  // may be the last reference after a close(): torn down here, without the GIL
+    return r;
+  }
+
+  void close() {
+    std::shared_ptr<core> c = std::move(core_);
+    pyb::gil_scoped_release nogil;
+    c.reset();
+  }
+  [[nodiscard]] bool closed() const noexcept { return !core_; }
+
+  std::string segment_name() {
+    return call([](engine_iface& e) { return e.segment_name(); });
+  }
+  std::uint16_t handshake_port() {
+    return call([](engine_iface& e) { return e.handshake_port(); });
+  }
+
+  std::uint32_t register_memory(std::uintptr_t addr, std::size_t len, const std::string& location, int access) {
+    if (access < 0 || access > static_cast<int>(buffer_access::remote_read_write))
+      throw pyb::value_error("access must be 0 (local_only) .. 3 (remote_read_write), got " + std::to_string(access));
+    return unwrap(call([&](engine_iface& e) -> result<std::uint32_t> {
+      if (auto r = e.register_memory(as_pointer(addr), len, location, static_cast<buffer_access>(access)); !r)
+        return fail(r.error());
+      return e.buffer_id(as_pointer(addr));
+    }));
+  }
+  void unregister_memory(std::uintptr_t addr, int mode) {
+    unwrap(call([&](engine_iface& e) { return e.unregister_memory(as_pointer(addr), in_flight_of(mode)); }));
+  }
+  void register_memory_batch(const std::vector<std::uintptr_t>& addrs, const std::vector<std::size_t>& lens,
+                             const std::string& location) {
+    if (addrs.size() != lens.size())
+      throw pyb::value_error("register_memory_batch: " + std::to_string(addrs.size()) + " addresses but " +
+                             std::to_string(lens.size()) + " lengths");
+    std::vector<buffer_entry> entries(addrs.size());
+    for (std::size_t i = 0; i < addrs.size(); ++i) entries[i] = {as_pointer(addrs[i]), lens[i]};
+    unwrap(call([&](engine_iface& e) { return e.register_memory_batch(entries, location); }));
+  }
+  void unregister_memory_batch(const std::vector<std::uintptr_t>& addrs) {
+    std::vector<void*> ptrs(addrs.size());
+    std::transform(addrs.begin(), addrs.end(), ptrs.begin(), as_pointer);
+    unwrap(call([&](engine_iface& e) { return e.unregister_memory_batch(ptrs); }));
+  }
+  std::uint32_t buffer_id(std::uintptr_t addr) {
+    return unwrap(call([&](engine_iface& e) { return e.buffer_id(as_pointer(addr)); }));
+  }
+
+  segment_id open_segment(const std::string& name) {
+    return unwrap(call([&](engine_iface& e) { return e.open_segment(name); }));
+  }
+  void close_segment(segment_id id, int mode) {
+    unwrap(call([&](engine_iface& e) { return e.close_segment(id, in_flight_of(mode)); }));
+  }
+  /// (name, [(addr, length, id, access)]): ids are the peer's stable ids, or
+  /// the index for a Mooncake peer.
+  pyb::tuple segment_buffers(segment_id id) {
+    auto d = unwrap(call([&](engine_iface& e) { return e.segment_descriptor(id); }));
+    pyb::list out;
+    for (std::size_t i = 0; i < d->buffers.size(); ++i) {
+      const auto& b = d->buffers[i];
+      out.append(pyb::make_tuple(b.addr, b.length, b.id.value_or(static_cast<std::uint32_t>(i)),
+                                 static_cast<int>(b.access)));
+    }
+    return pyb::make_tuple(d->name, out);
+  }
+
+  batch_id allocate_batch(std::size_t capacity) {
+    return unwrap(call([&](engine_iface& e) { return e.allocate_batch(capacity); }));
+  }
+  void free_batch(batch_id b) {
+    unwrap(call([&](engine_iface& e) { return e.free_batch(b); }));
+  }
+  /// requests: (op, source, segment, buffer id or -1 for a raw address, offset or address, length).
+  void submit(batch_id b, const std::vector<std::tuple<int, std::uintptr_t, segment_id, std::int64_t, std::uint64_t,
+                                                       std::size_t>>& requests) {
+    std::vector<transfer_request> reqs;
+    reqs.reserve(requests.size());
+    for (const auto& [op, src, seg, buf, off, len] : requests) {
+      if (op != 0 && op != 1) throw pyb::value_error("opcode must be 0 (read) or 1 (write), got " + std::to_string(op));
+      if (buf < -1 || buf >= static_cast<std::int64_t>(transfer_request::kRawAddress))
+        throw pyb::value_error("buffer id out of range: " + std::to_string(buf));
+      const auto o = op == 0 ? transfer_op::read : transfer_op::write;
+      reqs.push_back(buf < 0 ? transfer_request::at_address(o, as_pointer(src), seg, off, len)
+                             : transfer_request::in_buffer(o, as_pointer(src), seg, static_cast<std::uint32_t>(buf),
+                                                           off, len));
+    }
+    unwrap(call([&](engine_iface& e) { return e.submit(b, reqs); }));
+  }
+  pyb::tuple task_status(batch_id b, std::size_t task) {
+    std::shared_ptr<core> c = live();
+    auto s = unwrap(c->engine->status_of(b, task));  // lock-free: keeps the GIL
+    return status_tuple(*c->engine, s);
+  }
+  pyb::tuple batch_status(batch_id b) {
+    std::shared_ptr<core> c = live();
+    auto s = unwrap(c->engine->batch_status(b));
+    return status_tuple(*c->engine, s);
+  }
+  /// Waits in slices of at most 100 ms, checking for signals between them so
+  /// Ctrl-C interrupts a long wait.  A negative timeout waits for ever.
+  void wait(batch_id b, double timeout_s) {
+    const bool forever = timeout_s < 0;
+    const auto deadline = steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(
+                                                    forever ? 0.0 : std::min(timeout_s, 1e9)));
+    for (;;) {
+      const auto left = forever ? milliseconds(100)
+                                : std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()),
+                                             milliseconds(0), milliseconds(100));
+      auto r = call([&](engine_iface& e) { return e.wait(b, left); });
+      if (r) return;
+      if (r.error().code != errc::timed_out) raise(std::move(r.error()));
+      if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
+      if (!forever && steady_clock::now() >= deadline)
+        raise(error{errc::timed_out, "wait: batch unfinished after " + std::to_string(timeout_s) + " s"});
+    }
+  }
+  void cancel(batch_id b) {
+    unwrap(call([&](engine_iface& e) { return e.cancel(b); }));
+  }
+  /// Tells `queue` when the batch is final (None: stop).  The queue is kept
+  /// as long as the engine, so a late call finds it alive.
+  void watch(batch_id b, const std::shared_ptr<completion_queue>& queue) {
+    std::shared_ptr<core> c = live();
+    if (queue) {
+      std::lock_guard lock(c->mu);
+      if (std::find(c->queues.begin(), c->queues.end(), queue) == c->queues.end()) c->queues.push_back(queue);
+    }
+    unwrap(c->engine->watch_batch(b, queue.get()));  // takes only the batch's mutex: keeps the GIL
+  }
+
+  void send_notify(segment_id target, const std::string& msg, const std::string& sender) {
+    unwrap(call([&](engine_iface& e) { return e.send_notify(target, msg, sender); }));
+  }
+  std::vector<std::pair<std::string, std::string>> take_notifies() {
+    auto v = call([](engine_iface& e) { return e.take_notifies(); });
+    std::vector<std::pair<std::string, std::string>> out;
+    out.reserve(v.size());
+    for (auto& n : v) out.emplace_back(std::move(n.name), std::move(n.notify_msg));
+    return out;
+  }
+  void probe(const std::string& segment, double timeout_s) {
+    if (!(timeout_s > 0)) throw pyb::value_error("probe: timeout must be > 0 s");
+    const auto t = milliseconds(static_cast<std::int64_t>(std::min(timeout_s, 1e6) * 1000) + 1);
+    unwrap(call([&](engine_iface& e) { return e.probe(segment, t); }));
+  }
+
+  pyb::dict stats() {
+    std::shared_ptr<core> c = live();
+    engine_stats s;
+    notify_stats n;
+    net::handshake_server_stats h;
+    {
+      pyb::gil_scoped_release nogil;
+      s = c->engine->stats();
+      n = c->engine->notification_stats();
+      h = c->engine->handshake_stats();
+    }
+    pyb::list nics, rails;
+    for (const auto& x : s.nics) {
+      pyb::dict d;
+      d["name"] = x.name;
+      d["bytes"] = x.bytes;
+      d["wrs"] = x.wrs;
+      d["errors"] = x.errors;
+      d["inflight_bytes"] = x.inflight_bytes;
+      d["bandwidth_bps"] = x.bandwidth_bps;
+      d["prior_bps"] = x.prior_bps;
+      nics.append(d);
+    }
+    for (const auto& x : s.rails) {
+      pyb::dict d;
+      d["local"] = x.local;
+      d["peer"] = x.peer;
+      d["state"] = std::string(rdma::plan::to_string(x.state.phase));
+      d["failures"] = x.state.failures;
+      d["pauses"] = x.state.pauses;
+      rails.append(d);
+    }
+    pyb::dict notes;
+    notes["accepted"] = n.accepted;
+    notes["dropped_count"] = n.dropped_count;
+    notes["dropped_bytes"] = n.dropped_bytes;
+    notes["dropped_rate"] = n.dropped_rate;
+    notes["queued"] = n.queued;
+    pyb::dict hs;
+    hs["accepted"] = h.accepted;
+    hs["served"] = h.served;
+    hs["dropped"] = h.dropped;
+    hs["auth_failed"] = h.auth_failed;
+    pyb::dict out;
+    out["nics"] = nics;
+    out["rails"] = rails;
+    out["notifications"] = notes;
+    out["handshakes"] = hs;
+    return out;
+  }
+
+ private:
+  static in_flight in_flight_of(int mode) {
+    if (mode < 0 || mode > static_cast<int>(in_flight::cancel))
+      throw pyb::value_error("in_flight mode must be 0 (reject), 1 (drain) or 2 (cancel)");
+    return static_cast<in_flight>(mode);
+  }
+  std::shared_ptr<core> live() const {
+    if (!core_) raise(error{errc::not_initialized, "the engine is closed"});
+    return core_;
+  }
+
+  std::shared_ptr<core> core_;  ///< null once closed; read and written with the GIL held
+};
+
+/// The address, size and writability of a C-contiguous buffer-protocol object
+/// (tide.Engine.register keeps a memoryview of it exported while registered).
+pyb::tuple buffer_address(const pyb::object& obj) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw pyb::error_already_set();
+  const bool contiguous = PyBuffer_IsContiguous(&view, 'C') != 0;
+  const auto addr = reinterpret_cast<std::uintptr_t>(view.buf);
+  const auto len = static_cast<std::size_t>(view.len);
+  const bool readonly = view.readonly != 0;
+  PyBuffer_Release(&view);
+  if (!contiguous) throw pyb::value_error("the buffer is not C-contiguous: register a contiguous copy");
+  return pyb::make_tuple(addr, len, readonly);
+}
+
+std::string local_topology(const std::vector<std::string>& devices, const std::string& sysfs_root) {
+  std::vector<topology::hca_info> hcas;
+  {
+    pyb::gil_scoped_release nogil;
+    auto all = topology::scan_hcas(sysfs_root);
+    if (!all) {
+      pyb::gil_scoped_acquire gil;
+      raise(std::move(all.error()));
+    }
+    for (auto& h : *all)
+      if (devices.empty() || std::find(devices.begin(), devices.end(), h.name) != devices.end())
+        hcas.push_back(std::move(h));
+  }
+  return topology::priority_matrix::from_hcas(hcas, topology::scan_numa_nodes(sysfs_root)).to_json();
+}
+
+}  // namespace
+
+void init_engine(pyb::module_& m) {
+  m.def("buffer_address", &buffer_address, pyb::arg("obj"),
+        "(address, nbytes, readonly) of a C-contiguous buffer-protocol object.  Raises TypeError (no buffer "
+        "protocol), ValueError (not C-contiguous).");
+  m.def("local_topology", &local_topology, pyb::arg("devices"), pyb::arg("sysfs_root") = "/sys",
+        "The priority matrix of this host's RDMA devices (Mooncake's JSON), limited to `devices` when not empty.");
+  m.def(
+      "policy_sets",
+      [] {
+        pyb::list out;
+        for (const auto& s : policy_sets()) {
+          pyb::list backends;
+          backends.append("p2p");
+          if (s.etcd != nullptr) backends.append("etcd");
+          if (s.http != nullptr) backends.append("http");
+          out.append(pyb::make_tuple(s.name, s.description, backends));
+        }
+        return out;
+      },
+      "The policy sets this module is built with: (name, 'eviction / shard hash / idle / path', backends).");
+  m.def(
+      "copy_in",
+      [](std::uintptr_t addr, const pyb::buffer& data, std::size_t length) {
+        pyb::buffer_info info = data.request();
+        if (static_cast<std::size_t>(info.size * info.itemsize) < length)
+          throw pyb::value_error("copy_in: " + std::to_string(length) + " bytes asked, the data has " +
+                                 std::to_string(info.size * info.itemsize));
+        std::memcpy(as_pointer(addr), info.ptr, length);
+      },
+      pyb::arg("addr"), pyb::arg("data"), pyb::arg("length"),
+      "memcpy of `length` bytes of `data` to `addr` (the caller checked the range).");
+  m.def(
+      "copy_out",
+      [](std::uintptr_t addr, std::size_t length) {
+        return pyb::bytes(static_cast<const char*>(as_pointer(addr)), length);
+      },
+      pyb::arg("addr"), pyb::arg("length"), "`length` bytes at `addr` as bytes (the caller checked the range).");
+
+  pyb::class_<py_engine>(m, "Engine", "transfer_engine<P> over the policy set named at creation.  Thread-safe.")
+      .def(pyb::init<const std::string&, const std::string&, const std::string&>(), pyb::arg("config_json"),
+           pyb::arg("policies") = "default", pyb::arg("metadata_kind") = "p2p",
+           "Creates the engine (opens every NIC, starts the handshake service); the GIL is released meanwhile.")
+      .def("close", &py_engine::close, "Stops the engine (idempotent); later calls raise EngineClosed.")
+      .def_property_readonly("closed", &py_engine::closed)
+      .def_property_readonly("segment_name", &py_engine::segment_name)
+      .def_property_readonly("handshake_port", &py_engine::handshake_port)
+      .def("register_memory", &py_engine::register_memory, pyb::arg("addr"), pyb::arg("length"),
+           pyb::arg("location") = "*", pyb::arg("access") = static_cast<int>(buffer_access::remote_read_write), "Registers and publishes; returns the buffer id.")
+      .def("unregister_memory", &py_engine::unregister_memory, pyb::arg("addr"), pyb::arg("mode") = 0)
+      .def("register_memory_batch", &py_engine::register_memory_batch, pyb::arg("addrs"), pyb::arg("lengths"),
+           pyb::arg("location") = "*")
+      .def("unregister_memory_batch", &py_engine::unregister_memory_batch, pyb::arg("addrs"))
+      .def("buffer_id", &py_engine::buffer_id, pyb::arg("addr"))
+      .def("open_segment", &py_engine::open_segment, pyb::arg("name"))
+      .def("close_segment", &py_engine::close_segment, pyb::arg("segment"), pyb::arg("mode") = 0)
+      .def("segment_buffers", &py_engine::segment_buffers, pyb::arg("segment"))
+      .def("allocate_batch", &py_engine::allocate_batch, pyb::arg("capacity"))
+      .def("free_batch", &py_engine::free_batch, pyb::arg("batch"))
+      .def("submit", &py_engine::submit, pyb::arg("batch"), pyb::arg("requests"))
+      .def("task_status", &py_engine::task_status, pyb::arg("batch"), pyb::arg("task"))
+      .def("batch_status", &py_engine::batch_status, pyb::arg("batch"))
+      .def("wait", &py_engine::wait, pyb::arg("batch"), pyb::arg("timeout"))
+      .def("cancel", &py_engine::cancel, pyb::arg("batch"))
+      .def("watch", &py_engine::watch, pyb::arg("batch"), pyb::arg("queue").none(true))
+      .def("send_notify", &py_engine::send_notify, pyb::arg("segment"), pyb::arg("message"), pyb::arg("sender") = "")
+      .def("take_notifies", &py_engine::take_notifies)
+      .def("probe", &py_engine::probe, pyb::arg("segment_name"), pyb::arg("timeout"))
+      .def("stats", &py_engine::stats);
+}
+
+}  // namespace tide::py

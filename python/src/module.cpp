@@ -1,0 +1,23 @@
+// tide._tide: the one extension that includes tide's headers.  Python's
+// tide package (tide/*.py) builds the public API over it.
+#include "completion.hpp"
+#include "errors.hpp"
+
+#include <pybind11/stl.h>
+
+namespace tide::py {
+void init_engine(pybind11::module_& m);
+}  // namespace tide::py
+
+PYBIND11_MODULE(_tide, m) {
+  namespace pyb = pybind11;
+  m.doc() = "tide's C++ engine (transfer_engine<P>); use the tide package, not this module.";
+  m.attr("__version__") = TIDE_VERSION;
+  tide::py::init_errors(m);
+  tide::py::init_engine(m);
+  pyb::class_<tide::py::completion_queue, std::shared_ptr<tide::py::completion_queue>>(
+      m, "CompletionQueue", "An eventfd that watched batches signal when final (asyncio's add_reader).")
+      .def(pyb::init<>())
+      .def("fileno", &tide::py::completion_queue::fd)
+      .def("drain", &tide::py::completion_queue::drain, "Clears the eventfd; the ids of the batches now final.");
+}

@@ -1,0 +1,75 @@
+"""The other side of the RDMA tests, in its own process.
+
+  peer.py mooncake DEVICE MODULE NBLOCKS BLOCK   a TransferEngine target (MODULE: tide or mooncake.engine)
+  peer.py engine DEVICE NBLOCKS BLOCK            a tide.Engine target
+
+It registers NBLOCKS numpy blocks of BLOCK bytes, prints {"segment", "blocks"}
+(one JSON line), then answers commands on stdin: fill (a pattern into every
+block), digest (which blocks hold which pattern), notifies, quit.
+"""
+import importlib
+import json
+import sys
+
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from conftest import pattern  # noqa: E402
+
+
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def main():
+    mode, device = sys.argv[1], sys.argv[2]
+    if mode == "mooncake":
+        module, nblocks, block = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+        mod = importlib.import_module(module)
+        te = mod.TransferEngine()
+        if te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", device) != 0:
+            out(error="initialize failed")
+            return 1
+        arena = np.zeros(nblocks * block, dtype=np.uint8)
+        addrs = [arena.ctypes.data + i * block for i in range(nblocks)]
+        if te.batch_register_memory(addrs, [block] * nblocks) != 0:
+            out(error="batch_register_memory failed")
+            return 1
+        out(segment=f"127.0.0.1:{te.get_rpc_port()}", blocks=addrs)
+        notifies = lambda: [[n.name, n.msg] for n in te.get_notifies()]  # noqa: E731
+    else:
+        import tide
+
+        nblocks, block = int(sys.argv[3]), int(sys.argv[4])
+        eng = tide.Engine(local_server_name="127.0.0.1", devices=[device])
+        arena = np.zeros(nblocks * block, dtype=np.uint8)
+        regs = [eng.register(arena[i * block:(i + 1) * block]) for i in range(nblocks)]
+        out(segment=eng.segment_name, blocks=[r.address for r in regs], ids=[r.buffer_id for r in regs])
+        notifies = lambda: [list(n) for n in eng.notifications()]  # noqa: E731
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            out(ok=True)
+            return 0
+        if cmd["cmd"] == "fill":
+            for i in range(nblocks):
+                arena[i * block:(i + 1) * block] = np.frombuffer(pattern(cmd["seed"] + i, block), np.uint8)
+            out(ok=True)
+        elif cmd["cmd"] == "digest":
+            # For each block, the seed whose pattern it holds (or None): the initiator names the seeds it wrote.
+            seeds = cmd["seeds"]
+            found = []
+            for i in range(nblocks):
+                got = arena[i * block:(i + 1) * block].tobytes()
+                found.append(seeds[i] if got == pattern(seeds[i], block) else None)
+            out(found=found)
+        elif cmd["cmd"] == "zero":
+            arena[:] = 0
+            out(ok=True)
+        elif cmd["cmd"] == "notifies":
+            out(notifies=notifies())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""tide.Engine (the Pythonic API) against a peer process on rxe: buffer-protocol
+registration, bounds errors as exceptions, cancel, asyncio, stats, policies."""
+from __future__ import annotations
+
+import array
+import asyncio
+import mmap
+
+import numpy as np
+import pytest
+
+import tide
+from conftest import pattern
+
+NBLOCKS, BLOCK = 8, 64 << 10
+
+
+@pytest.fixture
+def target(peer_factory, devices):
+    return peer_factory("engine", devices[1], str(NBLOCKS), str(BLOCK))
+
+
+@pytest.fixture(params=["default"])
+def engine(request, devices):
+    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], policies=request.param) as e:
+        yield e
+
+
+def test_register_anything_with_the_buffer_protocol(engine):
+    objs = [bytearray(4096), memoryview(bytearray(8192)), mmap.mmap(-1, 4096), np.zeros(1024, np.float32),
+            array.array("d", [0.0] * 512)]
+    regs = [engine.register(o) for o in objs]
+    assert len({r.buffer_id for r in regs}) == len(regs)
+    assert [r.nbytes for r in regs] == [4096, 8192, 4096, 4096, 4096]
+    with pytest.raises(BufferError):
+        engine.register(b"read-only bytes")
+    ro = engine.register(b"x" * 4096, readonly=True)
+    assert ro.readonly and ro.access == tide.Access.REMOTE_READ
+    with pytest.raises(ValueError):
+        engine.register(np.zeros((64, 64))[:, 3])
+    with pytest.raises(tide.InvalidArgument):
+        engine.register(bytearray(0))
+    with pytest.raises(tide.InvalidArgument):  # overlaps regs[0]
+        engine.register(memoryview(objs[0])[16:32])
+    ba = objs[0]
+    with pytest.raises(BufferError):
+        ba.extend(b"1")  # pinned while registered
+    regs[0].unregister()
+    ba.extend(b"1")
+    for r in regs[1:] + [ro]:
+        r.unregister()
+
+
+def test_write_read_by_buffer_id_and_bounds(engine, target):
+    seg = engine.open(target.hello["segment"])
+    ids = target.hello["ids"]
+    src = engine.register(np.frombuffer(pattern(77, BLOCK), np.uint8).copy())
+    assert engine.transfer([tide.write(src, seg, ids[3])]) == BLOCK
+    assert target.ask(cmd="digest", seeds=[77] * NBLOCKS)["found"][3] == 77
+    back = engine.register(np.zeros(BLOCK, np.uint8))
+    assert engine.transfer([tide.read(back, seg, ids[3])]) == BLOCK
+    assert bytes(back.obj) == pattern(77, BLOCK)
+    with pytest.raises(tide.InvalidArgument, match="out_of_bounds"):
+        engine.submit([tide.write(src, seg, ids[3], offset=1)])  # one byte past the end
+    with pytest.raises(tide.InvalidArgument, match="out_of_bounds"):
+        engine.submit([tide.write(src, seg, 10_000)])  # no such id
+    with pytest.raises(tide.InvalidArgument):
+        engine.submit([tide.write(src, seg, ids[0], length=BLOCK + 1)])  # past the local registration
+    raw = seg.buffers()[5]
+    assert engine.transfer([tide.write(src, seg, address=raw.address)]) == BLOCK
+    assert target.ask(cmd="digest", seeds=[77] * NBLOCKS)["found"][5] == 77
+
+
+def test_batch_status_cancel_and_free(engine, target):
+    seg = engine.open(target.hello["segment"])
+    ids = target.hello["ids"]
+    src = engine.register(np.zeros(BLOCK, np.uint8))
+    batch = engine.submit([tide.write(src, seg, ids[i]) for i in range(NBLOCKS)] * 8)
+    batch.cancel()
+    tasks = batch.wait(60)
+    assert all(t.state.final for t in tasks)
+    assert {t.state for t in tasks} <= {tide.State.COMPLETED, tide.State.CANCELED}
+    batch.free()
+    with pytest.raises(tide.LocalError):
+        batch.status()  # freed: unknown_batch
+
+
+def test_asyncio_awaits_many_batches(engine, target):
+    seg = engine.open(target.hello["segment"])
+    ids = target.hello["ids"]
+    srcs = [engine.register(np.frombuffer(pattern(500 + i, BLOCK), np.uint8).copy()) for i in range(NBLOCKS)]
+
+    async def main():
+        batches = [engine.submit([tide.write(srcs[i], seg, ids[i])]) for i in range(NBLOCKS)]
+        done = await asyncio.gather(*(b.wait_async(60) for b in batches))
+        for b in batches:
+            b.free()
+        return done
+
+    done = asyncio.run(main())
+    assert all(t[0].state == tide.State.COMPLETED for t in done)
+    assert target.ask(cmd="digest", seeds=[500 + i for i in range(NBLOCKS)])["found"] == [500 + i for i in
+                                                                                           range(NBLOCKS)]
+    stats = engine.stats()
+    assert stats["nics"][0]["bytes"] >= NBLOCKS * BLOCK
+
+
+def test_probe_and_notify(engine, target):
+    engine.probe(target.hello["segment"], 2.0)
+    with pytest.raises(tide.PeerUnreachable):
+        engine.probe("127.0.0.1:1", 2.0)
+    seg = engine.open(target.hello["segment"])
+    engine.notify(seg, "hello")
+    got = target.ask(cmd="notifies")["notifies"]
+    assert got == [[engine.segment_name, "hello"]]
+
+
+@pytest.mark.parametrize("policies", ["cq_event", "busy_poll", "mooncake"])
+def test_policy_sets_move_bytes(devices, target, policies):
+    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], policies=policies) as e:
+        seg = e.open(target.hello["segment"])
+        src = e.register(np.frombuffer(pattern(9, BLOCK), np.uint8).copy())
+        assert e.transfer([tide.write(src, seg, target.hello["ids"][0])], timeout=60) == BLOCK
+    assert target.ask(cmd="digest", seeds=[9] * NBLOCKS)["found"][0] == 9
+
+
+def test_closed_engine_raises(devices):
+    e = tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]])
+    reg = e.register(bytearray(4096))
+    e.close()
+    e.close()
+    assert not reg.registered
+    with pytest.raises(tide.EngineClosed):
+        e.register(bytearray(4096))
+    assert "closed" in repr(e)
+
+
+def _secret(path):
+    import os
+
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_probe_with_the_cluster_secret(devices, peer_factory, tmp_path):
+    ours, theirs = _secret(tmp_path / "a.key"), _secret(tmp_path / "b.key")
+    peer = peer_factory("engine", devices[1], "1", "4096", env={"TIDE_AUTH_SECRET_FILE": theirs})
+    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], auth_secret_file=theirs) as same:
+        same.probe(peer.hello["segment"], 5.0)
+    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], auth_secret_file=ours) as other:
+        with pytest.raises(tide.AuthFailed):
+            other.probe(peer.hello["segment"], 5.0)

@@ -1,0 +1,33 @@
+"""tide: an RDMA transfer engine (C++20) for Python.
+
+Two APIs over one C++ engine:
+
+- ``tide.Engine`` — Pythonic: buffer-protocol registration, bounds-checked
+  requests by buffer id, batches with wait / cancel / asyncio, exceptions.
+- ``tide.TransferEngine`` — call-compatible with ``mooncake.engine.TransferEngine``
+  (same methods, arguments, return codes): ``from tide import TransferEngine``.
+"""
+from __future__ import annotations
+
+from . import _tide
+from ._engine import (Access, Batch, Engine, InFlight, Op, Registration, RemoteBuffer, Request, Segment, State,
+                      TaskStatus, policy_sets, read, write)
+from ._mooncake import Read, TransferEngine, TransferNotify, TransferOpcode, Write
+from .errors import (AuthFailed, Canceled, DeviceError, EndpointError, EngineClosed, InvalidArgument, LocalError,
+                     MetadataError, NoDevice, PeerUnreachable, TideError, TransferTimeout)
+
+try:
+    from importlib.metadata import PackageNotFoundError, version as _dist_version
+
+    __version__ = _dist_version("tide")
+except Exception:  # not installed as a distribution (a build tree)
+    __version__ = _tide.__version__
+
+Error = TideError
+
+__all__ = [
+    "Access", "Batch", "Engine", "InFlight", "Op", "Registration", "RemoteBuffer", "Request", "Segment", "State",
+    "TaskStatus", "policy_sets", "read", "write", "TransferEngine", "TransferNotify", "TransferOpcode", "Read",
+    "Write", "TideError", "Error", "LocalError", "EndpointError", "DeviceError", "MetadataError", "InvalidArgument",
+    "TransferTimeout", "Canceled", "EngineClosed", "PeerUnreachable", "AuthFailed", "NoDevice",
+]

@@ -1,0 +1,469 @@
+"""The Pythonic API: ``tide.Engine``, registrations, segments, batches.
+
+Threads: an Engine, its Registrations and Segments are thread-safe; a Batch
+is one thread's at a time (its status calls are safe from any thread).  The
+GIL is released for everything that can block (creation, registration,
+opening a segment, submit, wait, cancel, close); tide's own threads never
+take it.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from . import _tide
+from .errors import EngineClosed, InvalidArgument, TideError, class_for, code_of
+
+
+class Op(enum.IntEnum):
+    READ = 0
+    WRITE = 1
+
+
+class State(enum.IntEnum):
+    """A task's state; COMPLETED, FAILED, TIMEOUT and CANCELED are final."""
+
+    WAITING = 0
+    PENDING = 1
+    COMPLETED = 2
+    FAILED = 3
+    TIMEOUT = 4
+    CANCELED = 5
+
+    @property
+    def final(self) -> bool:
+        return self >= State.COMPLETED
+
+
+class Access(enum.IntEnum):
+    """What remote peers may do with a registered buffer."""
+
+    LOCAL_ONLY = 0
+    REMOTE_READ = 1
+    REMOTE_WRITE = 2
+    REMOTE_READ_WRITE = 3
+
+
+class InFlight(enum.IntEnum):
+    """What unregister / close do with transfers still using the buffer or segment."""
+
+    REJECT = 0
+    DRAIN = 1
+    CANCEL = 2
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One task's (or a batch's roll-up) status.  ``reason`` is the errc name of
+    the first error that hit it (None when COMPLETED or still running)."""
+
+    state: State
+    bytes: int
+    reason: Optional[str] = None
+    failed_device: str = ""
+    failed_path: str = ""
+
+    @classmethod
+    def _of(cls, t) -> "TaskStatus":
+        state, nbytes, reason, device, path = t
+        name = None if reason == 0 else class_for(reason)(reason).name
+        return cls(State(state), nbytes, name, device, path)
+
+    def error(self) -> Optional[TideError]:
+        """The exception this status stands for (None when COMPLETED or not final)."""
+        if not self.state.final or self.state == State.COMPLETED:
+            return None
+        code = code_of(self.reason) if self.reason else code_of("canceled" if self.state == State.CANCELED else "timed_out")
+        where = f" on {self.failed_device} -> {self.failed_path}" if self.failed_path else ""
+        return class_for(code)(code, f"task ended {self.state.name}{where}")
+
+
+class Registration:
+    """Registered memory: pinned on every NIC and published under a stable
+    ``buffer_id``.  Holds the exporter's buffer (a bytearray cannot resize, a
+    numpy array keeps its memory) until :meth:`unregister`."""
+
+    def __init__(self, engine: "Engine", obj: Any, address: int, nbytes: int, readonly: bool, view, access: Access,
+                 buffer_id: int) -> None:
+        self._engine = engine
+        self.obj = obj
+        self.address = address
+        self.nbytes = nbytes
+        self.readonly = readonly
+        self.access = access
+        self.buffer_id = buffer_id
+        self._view = view
+        self._live = True
+
+    def unregister(self, mode: InFlight = InFlight.DRAIN) -> None:
+        """Withdraws the buffer (idempotent).  With transfers in flight from it:
+        DRAIN waits for them, CANCEL cancels them first, REJECT raises."""
+        if not self._live:
+            return
+        self._engine._core().unregister_memory(self.address, int(mode))
+        self._live = False
+        self._engine._forget(self)
+        if self._view is not None:
+            self._view.release()
+        self._view = None
+        self.obj = None
+
+    @property
+    def registered(self) -> bool:
+        return self._live
+
+    def __enter__(self) -> "Registration":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unregister()
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __repr__(self) -> str:
+        state = "" if self._live else " unregistered"
+        return f"<tide.Registration id={self.buffer_id} addr=0x{self.address:x} nbytes={self.nbytes}{state}>"
+
+
+@dataclass(frozen=True)
+class RemoteBuffer:
+    address: int
+    length: int
+    buffer_id: int
+    access: Access
+
+
+class Segment:
+    """An opened remote segment (a peer engine's registered buffers)."""
+
+    def __init__(self, engine: "Engine", name: str, handle: int) -> None:
+        self._engine = engine
+        self.name = name
+        self.handle = handle
+
+    def buffers(self) -> List[RemoteBuffer]:
+        """The peer's buffers as last read from its descriptor."""
+        _, bufs = self._engine._core().segment_buffers(self.handle)
+        return [RemoteBuffer(a, n, i, Access(acc)) for a, n, i, acc in bufs]
+
+    def close(self, mode: InFlight = InFlight.REJECT) -> None:
+        self._engine._core().close_segment(self.handle, int(mode))
+
+    def __repr__(self) -> str:
+        return f"<tide.Segment {self.name!r} handle={self.handle}>"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One transfer between local memory and a remote segment.  Build it with
+    :func:`read` or :func:`write`."""
+
+    op: Op
+    local: Union[Registration, int]
+    segment: Segment
+    length: int
+    buffer_id: Optional[int]
+    offset: int
+    local_offset: int = 0
+
+    def _native(self):
+        if isinstance(self.local, Registration):
+            if not self.local.registered:
+                raise InvalidArgument(code_of("unregistered_source"), "the local Registration was unregistered")
+            if self.local_offset < 0 or self.local_offset + self.length > self.local.nbytes:
+                raise InvalidArgument(code_of("out_of_bounds"),
+                                      f"local range [{self.local_offset}, {self.local_offset + self.length}) outside "
+                                      f"the registration's {self.local.nbytes} bytes")
+            if self.op == Op.READ and self.local.readonly:
+                raise InvalidArgument(code_of("invalid_argument"), "a READ into a read-only registration")
+            src = self.local.address + self.local_offset
+        else:
+            src = int(self.local) + self.local_offset
+        buf = -1 if self.buffer_id is None else self.buffer_id
+        return (int(self.op), src, self.segment.handle, buf, self.offset, self.length)
+
+
+def _request(op: Op, local, segment: Segment, buffer_id: Optional[int], offset: int, length: Optional[int],
+             local_offset: int, address: Optional[int]) -> Request:
+    if (buffer_id is None) == (address is None):
+        raise TypeError("give exactly one of buffer_id (bounds-checked) or address (the peer's raw address)")
+    if length is None:
+        if not isinstance(local, Registration):
+            raise TypeError("length is required when `local` is an address")
+        length = local.nbytes - local_offset
+    return Request(op, local, segment, length, buffer_id, offset if address is None else address, local_offset)
+
+
+def write(local, segment: Segment, buffer_id: Optional[int] = None, offset: int = 0, length: Optional[int] = None,
+          *, local_offset: int = 0, address: Optional[int] = None) -> Request:
+    """A WRITE of `local` (a Registration or an address) into the peer's buffer
+    `buffer_id` at `offset` (bounds-checked), or at its raw `address`."""
+    return _request(Op.WRITE, local, segment, buffer_id, offset, length, local_offset, address)
+
+
+def read(local, segment: Segment, buffer_id: Optional[int] = None, offset: int = 0, length: Optional[int] = None,
+         *, local_offset: int = 0, address: Optional[int] = None) -> Request:
+    """A READ from the peer's buffer into `local`; arguments as :func:`write`."""
+    return _request(Op.READ, local, segment, buffer_id, offset, length, local_offset, address)
+
+
+class Batch:
+    """Submitted requests.  Keeps their Registrations until every task is final;
+    :meth:`free` (or leaving ``with``) releases it.  ``await batch`` waits
+    without blocking the event loop (no thread per await)."""
+
+    def __init__(self, engine: "Engine", batch_id: int, requests: Sequence[Request]) -> None:
+        self._engine = engine
+        self.id = batch_id
+        self.size = len(requests)
+        self._refs = [r.local for r in requests if isinstance(r.local, Registration)]
+        self._freed = False
+
+    def status(self) -> TaskStatus:
+        """The batch's roll-up: PENDING while any task runs, else COMPLETED or the first failure."""
+        return TaskStatus._of(self._engine._core().batch_status(self.id))
+
+    def tasks(self) -> List[TaskStatus]:
+        core = self._engine._core()
+        return [TaskStatus._of(core.task_status(self.id, i)) for i in range(self.size)]
+
+    @property
+    def done(self) -> bool:
+        return self.status().state.final
+
+    def wait(self, timeout: Optional[float] = None) -> List[TaskStatus]:
+        """Blocks (GIL released, Ctrl-C works) until every task is final, then
+        returns their statuses.  Raises TransferTimeout when `timeout` seconds
+        pass first (the tasks keep running; cancel() or wait again)."""
+        self._engine._core().wait(self.id, -1.0 if timeout is None else float(timeout))
+        return self.tasks()
+
+    def result(self, timeout: Optional[float] = None) -> int:
+        """wait(), then the bytes moved; raises the first failed task's error."""
+        tasks = self.wait(timeout)
+        for t in tasks:
+            err = t.error()
+            if err is not None:
+                raise err
+        return sum(t.bytes for t in tasks)
+
+    def cancel(self) -> None:
+        """Unfinished tasks end CANCELED; posted work drains first (wait() returns then)."""
+        self._engine._core().cancel(self.id)
+
+    def free(self) -> None:
+        """Releases the batch (idempotent).  Raises batch_busy while tasks run."""
+        if self._freed:
+            return
+        self._engine._core().free_batch(self.id)
+        self._freed = True
+        self._refs = []
+        self._engine._batches.pop(self.id, None)
+
+    async def wait_async(self, timeout: Optional[float] = None) -> List[TaskStatus]:
+        """wait() for asyncio: the loop is woken by the engine (an eventfd) when
+        the batch is final.  Cancelling the awaiting task cancels the batch."""
+        from ._aio import wait_batch
+
+        await wait_batch(self, timeout)
+        return self.tasks()
+
+    def __await__(self):
+        return self.wait_async().__await__()
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        if self._engine.closed or self._freed:
+            return
+        if exc_type is not None:
+            self.cancel()
+        self._engine._core().wait(self.id, -1.0)
+        self.free()
+
+    def __repr__(self) -> str:
+        try:
+            state = "freed" if self._freed else self.status().state.name
+        except TideError:
+            state = "closed"
+        return f"<tide.Batch id=0x{self.id:x} tasks={self.size} {state}>"
+
+
+class Engine:
+    """A tide transfer engine.  Keyword arguments are ``engine_config``'s fields
+    (``local_server_name``, ``metadata``, ``devices``, ``transfer_timeout_ms``,
+    ...; the TIDE_* environment still overrides them).  ``policies`` names a
+    compiled policy set (:func:`tide.policy_sets`).  Thread-safe."""
+
+    def __init__(self, *, policies: str = "default", **config: Any) -> None:
+        metadata = str(config.get("metadata", "P2PHANDSHAKE"))
+        kind = "etcd" if metadata.startswith(("etcd://", "etcds://")) else "http" if metadata.startswith(
+            ("http://", "https://")) else "p2p"
+        self._native = _tide.Engine(json.dumps(config), policies, kind)
+        self._lock = threading.Lock()
+        self._registrations: Dict[int, Registration] = {}
+        self._batches: Dict[int, Batch] = {}
+        self._loops: Dict[Any, Any] = {}  # event loop -> _aio watcher
+        self._finalizer = weakref.finalize(self, _close_native, self._native)
+
+    # -- lifetime --
+    def close(self) -> None:
+        """Cancels and drains every batch, unregisters every buffer, stops the
+        engine (idempotent, any thread)."""
+        if self._native.closed:
+            return
+        for batch in list(self._batches.values()):
+            try:
+                batch.cancel()
+                self._native.wait(batch.id, 30.0)
+                batch.free()
+            except TideError:
+                pass
+        for reg in reversed(list(self._registrations.values())):
+            try:
+                reg.unregister(InFlight.CANCEL)
+            except TideError:
+                pass
+        for watcher in list(self._loops.values()):
+            watcher.close()
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _core(self):
+        if self._native.closed:
+            raise EngineClosed(code_of("not_initialized"), "the engine is closed")
+        return self._native
+
+    def _forget(self, reg: Registration) -> None:
+        with self._lock:
+            self._registrations.pop(reg.address, None)
+
+    @property
+    def segment_name(self) -> str:
+        """What peers open to reach this engine ("host:port" in p2p mode)."""
+        return self._core().segment_name
+
+    @property
+    def handshake_port(self) -> int:
+        return self._core().handshake_port
+
+    # -- memory --
+    def register(self, obj: Any, location: str = "*", *, readonly: bool = False,
+                 access: Optional[Access] = None) -> Registration:
+        """Registers anything with the buffer protocol (bytearray, memoryview,
+        mmap, numpy arrays, array.array) or a torch CPU tensor, C-contiguous,
+        without copying.  `readonly` publishes it REMOTE_READ and refuses it as
+        a READ's destination.  Raises TypeError (no buffer), BufferError (a
+        read-only buffer without readonly=True), ValueError (layout, device,
+        zero length, overlap)."""
+        view = None
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            if obj.device.type != "cpu":
+                raise ValueError(f"tide registers CPU tensors only (no GPU support yet), got device {obj.device}")
+            if not obj.is_contiguous():
+                raise ValueError("the tensor is not contiguous: register tensor.contiguous()")
+            address, nbytes, ro = obj.data_ptr(), obj.numel() * obj.element_size(), False
+            obj = (obj, obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage())
+        else:
+            view = memoryview(obj)  # TypeError without the buffer protocol
+            address, nbytes, ro = _tide.buffer_address(view)
+            if ro and not readonly:
+                view.release()
+                raise BufferError("the buffer is read-only: pass readonly=True to publish it for remote READs only")
+        if access is None:
+            access = Access.REMOTE_READ if readonly else Access.REMOTE_READ_WRITE
+        try:
+            buffer_id = self._core().register_memory(address, nbytes, location, int(access))
+        except BaseException:
+            if view is not None:
+                view.release()
+            raise
+        reg = Registration(self, obj, address, nbytes, ro or readonly, view, access, buffer_id)
+        with self._lock:
+            self._registrations[address] = reg
+        return reg
+
+    def allocate(self, nbytes: int, location: str = "*") -> Registration:
+        """Engine-owned registered memory (anonymous pages), as a Registration
+        whose ``obj`` is an mmap with the buffer protocol."""
+        import mmap
+
+        if nbytes <= 0:
+            raise InvalidArgument(code_of("zero_length"), f"allocate: {nbytes} bytes")
+        return self.register(mmap.mmap(-1, nbytes), location)
+
+    # -- segments --
+    def open(self, segment: str) -> Segment:
+        """Opens a peer's segment by name (p2p: "host:port")."""
+        return Segment(self, segment, self._core().open_segment(segment))
+
+    def probe(self, segment: str, timeout: float = 1.0) -> None:
+        """Raises unless the engine behind `segment` answers within `timeout` s
+        (PeerUnreachable, AuthFailed, ...).  Opens nothing, creates no QP."""
+        self._core().probe(segment, timeout)
+
+    # -- transfers --
+    def submit(self, requests: Iterable[Request]) -> Batch:
+        """Submits the requests as one batch (nothing is submitted on an error)."""
+        reqs = list(requests)
+        native = [r._native() for r in reqs]
+        core = self._core()
+        bid = core.allocate_batch(max(1, len(reqs)))
+        try:
+            core.submit(bid, native)
+        except BaseException:
+            core.free_batch(bid)
+            raise
+        batch = Batch(self, bid, reqs)
+        self._batches[bid] = batch
+        return batch
+
+    def transfer(self, requests: Iterable[Request], timeout: Optional[float] = None) -> int:
+        """submit(), wait, free; returns the bytes moved or raises the first error."""
+        with self.submit(requests) as batch:
+            return batch.result(timeout)
+
+    # -- notifications, stats --
+    def notify(self, segment: Segment, message: str) -> None:
+        """Sends `message` to the owner of `segment` (its handshake port)."""
+        self._core().send_notify(segment.handle, message)
+
+    def notifications(self) -> List[tuple]:
+        """The (sender, message) pairs received so far (and forgets them)."""
+        return self._core().take_notifies()
+
+    def stats(self) -> Dict[str, Any]:
+        """Per NIC bytes, WRs, errors, in-flight bytes and bandwidth estimate;
+        every rail that failed; notification and handshake counters."""
+        return self._core().stats()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<tide.Engine closed>"
+        return f"<tide.Engine {self.segment_name!r} buffers={len(self._registrations)} batches={len(self._batches)}>"
+
+
+def _close_native(native) -> None:
+    native.close()
+
+
+def policy_sets() -> List[Dict[str, Any]]:
+    """The policy sets this build of the module can create, by name."""
+    return [{"name": n, "policies": d, "metadata": list(b)} for n, d, b in _tide.policy_sets()]

@@ -1,0 +1,600 @@
+"""``tide.TransferEngine``: call-compatible with ``mooncake.engine.TransferEngine``.
+
+Same method names, positional and keyword arguments, return values and
+failure sentinels (0 / -1; batch id 0 on failure), so that a program written
+for Mooncake runs after ``from tide import TransferEngine``.  Where Mooncake
+crashes or misbehaves, tide answers instead (each case is in README.md):
+
+- every call before ``initialize`` returns the sentinel (or raises ValueError
+  where the method has none) instead of dereferencing null;
+- the GIL is released for every transfer, registration and wait; a sync call
+  sleeps on the completion (tide's spin-then-sleep) instead of spinning;
+- a transfer that times out is canceled and drained before the call returns:
+  no DMA reaches a buffer the caller reuses, and no batch leaks;
+- batch ids are tide's handles (never reused); a stale, repeated or zero id
+  gets -1, never a use-after-free;
+- bad arguments (unregistered address, lists of unequal length, unknown
+  segment, a range past a managed buffer) get -1 or ValueError/TypeError with
+  the reason.
+
+The reason for the last -1 (or 0) is kept in ``last_error`` and, as Mooncake
+logs its failures, printed to stderr (``TIDE_PY_QUIET=1`` silences it).
+"""
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import _tide
+from .errors import TideError
+
+_WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
+# Protocols that pick another transport in Mooncake's builds that have it; its usual builds run
+# RDMA for every other value ("rdma", "tcp", ...), and so does tide.
+_OTHER_TRANSPORTS = frozenset({"nvlink", "nvlink_intra", "hip", "musa", "efa", "cxi", "xgmi", "ascend", "barex"})
+
+
+class TransferOpcode(enum.IntEnum):
+    """Mooncake's enum: ``Read`` = 0, ``Write`` = 1."""
+
+    Read = 0
+    Write = 1
+
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification: ``name`` (who sends it, as the caller names it) and ``msg``."""
+
+    def __init__(self, name: str = "", msg: str = "") -> None:
+        self.name = name
+        self.msg = msg
+
+    def __repr__(self) -> str:
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TransferNotify) and (self.name, self.msg) == (other.name, other.msg)
+
+
+def _base_timeout_s() -> float:
+    """max(5, atoi(MC_TRANSFER_TIMEOUT)) seconds, default 30, as Mooncake reads it."""
+    raw = os.environ.get("MC_TRANSFER_TIMEOUT")
+    if raw is None:
+        return 30.0
+    digits = ""
+    for ch in raw.strip():
+        if not (ch.isdigit() or (ch in "+-" and not digits)):
+            break
+        digits += ch
+    try:
+        return float(max(5, int(digits)))
+    except ValueError:
+        return 5.0
+
+
+def _split_metadata(server: str) -> Tuple[Optional[str], Optional[str]]:
+    """(connection string, backend kind) as Mooncake's initialize rebuilds it;
+    (None, reason) for what tide cannot serve."""
+    if server == "P2PHANDSHAKE":
+        return server, "p2p"
+    if server.startswith(("etcd://", "etcds://")):
+        return server, "etcd"
+    if server.startswith(("http://", "https://")):
+        return server, "http"
+    if "://" in server:
+        return None, f"metadata server {server!r}: tide speaks P2PHANDSHAKE, etcd:// and http:// (not this scheme)"
+    if not server:
+        return None, "metadata server is empty (P2PHANDSHAKE, etcd://h:p, h:p or http://h:p/path)"
+    return "etcd://" + server, "etcd"  # Mooncake's default for a bare h:p
+
+
+class TransferEngine:
+    """See the module's docstring.  Thread-safe: vLLM and SGLang call one
+    engine from many threads at once."""
+
+    TransferOpcode = TransferOpcode
+
+    def __init__(self) -> None:
+        self._engine: Optional[_tide.Engine] = None
+        self._timeout = _base_timeout_s()
+        self._lock = threading.Lock()  # segments, managed buffers, async ids; never held across a C++ call
+        self._segments: Dict[str, int] = {}
+        self._segment_locks: Dict[str, threading.Lock] = {}
+        self._managed: Dict[int, mmap.mmap] = {}
+        self._registered: Dict[int, int] = {}  # base address -> length (for the bytes-to-buffer range checks)
+        self._async: Dict[int, Tuple[float, int]] = {}  # batch id -> (submitted, bytes)
+        self.last_error = ""
+
+    # ---- errors ----
+    def _fail(self, why, sentinel=-1):
+        self.last_error = str(why)
+        if os.environ.get("TIDE_PY_QUIET") != "1":
+            print(f"tide.TransferEngine: {self.last_error}", file=sys.stderr)
+        return sentinel
+
+    def _need(self, method: str):
+        if self._engine is None:
+            raise _NotInitialized(f"{method}: call initialize() first")
+        return self._engine
+
+    # ---- setup ----
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, /) -> int:
+        """0, or -1 (no usable device, bad metadata string, called twice)."""
+        return self._init(local_hostname, metadata_server, protocol, device_name, None)
+
+    def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str,
+                       metadata_type: str, /) -> int:
+        """initialize(), where a server without a scheme takes ``metadata_type + "://"``."""
+        return self._init(local_hostname, metadata_server, protocol, device_name, metadata_type)
+
+    def _init(self, local_hostname, metadata_server, protocol, device_name, metadata_type) -> int:
+        for name, v in (("local_hostname", local_hostname), ("metadata_server", metadata_server),
+                        ("protocol", protocol), ("device_name", device_name)):
+            if not isinstance(v, str):
+                raise TypeError(f"initialize: {name} must be a str, got {type(v).__name__}")
+        if self._engine is not None:
+            return self._fail("initialize: already initialized")
+        if protocol in _OTHER_TRANSPORTS:
+            return self._fail(f"initialize: protocol {protocol!r} is not supported by tide (RDMA only)")
+        server = metadata_server
+        if metadata_type is not None and server != "P2PHANDSHAKE" and "://" not in server:
+            if metadata_type == "p2p":
+                return self._fail(f"initialize_ext: metadata_type 'p2p' needs metadata_server 'P2PHANDSHAKE', "
+                                  f"not {server!r}")
+            server = f"{metadata_type}://{server}"
+        conn, kind = _split_metadata(server)
+        if conn is None:
+            return self._fail(f"initialize: {kind}")
+        devices = [d.strip() for d in device_name.split(",") if d.strip()]
+        config = {
+            "local_server_name": local_hostname if kind != "p2p" else _host_part(local_hostname),
+            "metadata": conn,
+            "devices": devices,
+            "transfer_timeout_ms": int(self._timeout * 1000),
+        }
+        import json
+
+        try:
+            self._engine = _tide.Engine(json.dumps(config), "default", kind)
+        except TideError as e:
+            return self._fail(f"initialize: {e}")
+        return 0
+
+    def get_rpc_port(self) -> int:
+        """The port of this engine's handshake listener (peers use ``ip:port``)."""
+        if self._engine is None:
+            return self._fail("get_rpc_port: call initialize() first")
+        return self._engine.handshake_port
+
+    def get_local_topology(self, device_name: Optional[str] = None) -> str:
+        """This host's priority matrix (Mooncake's JSON); works without initialize."""
+        devices = [] if not device_name else [d.strip() for d in device_name.split(",") if d.strip()]
+        return _tide.local_topology(devices)
+
+    # ---- memory ----
+    def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
+        """0; -1 (zero length, bad address, not initialized); -7 (overlaps a registered region)."""
+        try:
+            self._need("register_memory").register_memory(int(buffer_addr), int(capacity), location)
+        except (TideError, _NotInitialized) as e:
+            return self._fail(e, -7 if getattr(e, "name", "") == "already_registered" else -1)
+        with self._lock:
+            self._registered[int(buffer_addr)] = int(capacity)
+        return 0
+
+    def unregister_memory(self, buffer_addr: int, /) -> int:
+        """0, or -1 (not the base of a registered region).  Transfers still
+        using it are waited for first, so no DMA outlives the call."""
+        try:
+            self._need("unregister_memory").unregister_memory(int(buffer_addr), 1)
+        except (TideError, _NotInitialized) as e:
+            return self._fail(e)
+        with self._lock:
+            self._registered.pop(int(buffer_addr), None)
+        return 0
+
+    def batch_register_memory(self, buffer_addresses: Sequence[int], capacities: Sequence[int],
+                              location: str = "*") -> int:
+        """All or nothing; -1 for lists of unequal length, -7 for an overlap."""
+        if len(buffer_addresses) != len(capacities):
+            return self._fail(f"batch_register_memory: {len(buffer_addresses)} addresses but "
+                              f"{len(capacities)} capacities")
+        addrs, caps = [int(a) for a in buffer_addresses], [int(c) for c in capacities]
+        try:
+            self._need("batch_register_memory").register_memory_batch(addrs, caps, location)
+        except (TideError, _NotInitialized) as e:
+            return self._fail(e, -7 if getattr(e, "name", "") == "already_registered" else -1)
+        with self._lock:
+            self._registered.update(zip(addrs, caps))
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses: Sequence[int], /) -> int:
+        addrs = [int(a) for a in buffer_addresses]
+        try:
+            self._need("batch_unregister_memory").unregister_memory_batch(addrs)
+        except (TideError, _NotInitialized) as e:
+            return self._fail(e)
+        finally:
+            with self._lock:
+                for a in addrs:
+                    self._registered.pop(a, None)
+        return 0
+
+    def allocate_managed_buffer(self, length: int, /) -> int:
+        """The address of `length` bytes of registered memory, or 0."""
+        if int(length) < 0:
+            return self._fail(f"allocate_managed_buffer: negative length {length}", 0)
+        try:
+            engine = self._need("allocate_managed_buffer")
+            block = mmap.mmap(-1, max(int(length), 1))
+            addr = _tide.buffer_address(block)[0]
+            engine.register_memory(addr, len(block), "*")
+        except (TideError, _NotInitialized, OSError) as e:
+            return self._fail(f"allocate_managed_buffer: {e}", 0)
+        with self._lock:
+            self._managed[addr] = block
+            self._registered[addr] = len(block)
+        return addr
+
+    def free_managed_buffer(self, buffer_addr: int, length: int, /) -> int:
+        """0; -1 for an address allocate_managed_buffer did not return."""
+        with self._lock:
+            block = self._managed.pop(int(buffer_addr), None)
+            self._registered.pop(int(buffer_addr), None)
+        if block is None:
+            return self._fail(f"free_managed_buffer: 0x{int(buffer_addr):x} is not a managed buffer")
+        try:
+            self._need("free_managed_buffer").unregister_memory(int(buffer_addr), 1)
+        except (TideError, _NotInitialized) as e:
+            return self._fail(e)
+        block.close()
+        return 0
+
+    def _check_range(self, method: str, addr: int, length: int) -> None:
+        if length < 0:
+            raise ValueError(f"{method}: negative length {length}")
+        with self._lock:
+            for base, size in self._registered.items():
+                if base <= addr and addr + length <= base + size:
+                    return
+        raise ValueError(f"{method}: [0x{addr:x}, +{length}) is not inside memory registered with this engine")
+
+    def write_bytes_to_buffer(self, dest_address: int, src_ptr, length: int, /) -> int:
+        """Copies `length` bytes of `src_ptr` (bytes or str) to registered memory; 0."""
+        self._need("write_bytes_to_buffer")
+        data = src_ptr.encode() if isinstance(src_ptr, str) else src_ptr
+        self._check_range("write_bytes_to_buffer", int(dest_address), int(length))
+        _tide.copy_in(int(dest_address), data, int(length))
+        return 0
+
+    def read_bytes_from_buffer(self, source_address: int, length: int, /) -> bytes:
+        """`length` bytes of registered memory at `source_address`."""
+        self._need("read_bytes_from_buffer")
+        self._check_range("read_bytes_from_buffer", int(source_address), int(length))
+        return _tide.copy_out(int(source_address), int(length))
+
+    # ---- segments ----
+    def _segment(self, target_hostname: str) -> int:
+        engine = self._need("transfer")
+        with self._lock:
+            handle = self._segments.get(target_hostname)
+            if handle is not None:
+                return handle
+            lock = self._segment_locks.setdefault(target_hostname, threading.Lock())
+        with lock:  # one open per name; other names are not held up
+            with self._lock:
+                handle = self._segments.get(target_hostname)
+            if handle is None:
+                handle = engine.open_segment(target_hostname)
+                with self._lock:
+                    self._segments[target_hostname] = handle
+        return handle
+
+    def get_first_buffer_address(self, segment_name: str, /) -> int:
+        """The address of the segment's first registered buffer, or 0.  Opens
+        the segment (kept open for the transfers that follow, as they would)."""
+        try:
+            _, buffers = self._need("get_first_buffer_address").segment_buffers(self._segment(segment_name))
+        except (TideError, _NotInitialized) as e:
+            return self._fail(e, 0)
+        return buffers[0][0] if buffers else 0
+
+    # ---- transfers ----
+    def _requests(self, target_hostname, buffers, peer_addresses, lengths, opcode):
+        handle = self._segment(target_hostname)
+        op = int(_opcode(opcode))
+        return [(op, int(b), handle, -1, int(p), int(n)) for b, p, n in zip(buffers, peer_addresses, lengths)]
+
+    def _run_sync(self, method, target_hostname, buffers, peer_addresses, lengths, opcode, notify) -> int:
+        if not (len(buffers) == len(peer_addresses) == len(lengths)):
+            return self._fail(f"{method}: lists of unequal length ({len(buffers)}, {len(peer_addresses)}, "
+                              f"{len(lengths)})")
+        if not buffers:
+            return 0
+        try:
+            engine = self._need(method)
+            requests = self._requests(target_hostname, buffers, peer_addresses, lengths, opcode)
+        except (TideError, _NotInitialized) as e:
+            return self._fail(f"{method}: {e}")
+        deadline = self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * sum(int(n) for n in lengths)
+        try:
+            bid = engine.allocate_batch(len(requests))
+        except TideError as e:
+            return self._fail(f"{method}: {e}")
+        try:
+            engine.submit(bid, requests)
+            state = _wait_final(engine, bid, deadline)
+        except TideError as e:
+            _drain_and_free(engine, bid)
+            return self._fail(f"{method}: {e}")
+        if state != "ok":
+            _drain_and_free(engine, bid)
+            return self._fail(f"{method}: {state}")
+        _drain_and_free(engine, bid)
+        if notify is not None:
+            try:
+                engine.send_notify(self._segment(target_hostname), notify.msg, notify.name)
+            except TideError as e:
+                return self._fail(f"{method}: data moved, notification not delivered: {e}")
+        return 0
+
+    def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                            transport_hint: str = "") -> int:
+        return self._run_sync("transfer_sync_write", target_hostname, [buffer], [peer_buffer_address], [length],
+                              Write, None)
+
+    def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                           transport_hint: str = "") -> int:
+        return self._run_sync("transfer_sync_read", target_hostname, [buffer], [peer_buffer_address], [length],
+                              Read, None)
+
+    def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                      opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
+                      transport_hint: str = "") -> int:
+        return self._run_sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address], [length], opcode,
+                              notify)
+
+    def batch_transfer_sync_write(self, target_hostname: str, buffers: Sequence[int],
+                                  peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                  transport_hint: str = "") -> int:
+        return self._run_sync("batch_transfer_sync_write", target_hostname, buffers, peer_buffer_addresses, lengths,
+                              Write, None)
+
+    def batch_transfer_sync_read(self, target_hostname: str, buffers: Sequence[int],
+                                 peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                 transport_hint: str = "") -> int:
+        return self._run_sync("batch_transfer_sync_read", target_hostname, buffers, peer_buffer_addresses, lengths,
+                              Read, None)
+
+    def batch_transfer_sync(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
+                            lengths: Sequence[int], opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
+                            transport_hint: str = "") -> int:
+        return self._run_sync("batch_transfer_sync", target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
+                              notify)
+
+    def _submit_async(self, method, target_hostname, buffers, peer_addresses, lengths, opcode) -> int:
+        if not (len(buffers) == len(peer_addresses) == len(lengths)):
+            return self._fail(f"{method}: lists of unequal length", 0)
+        if not buffers:
+            return self._fail(f"{method}: no requests", 0)
+        try:
+            engine = self._need(method)
+            requests = self._requests(target_hostname, buffers, peer_addresses, lengths, opcode)
+            bid = engine.allocate_batch(len(requests))
+        except (TideError, _NotInitialized) as e:
+            return self._fail(f"{method}: {e}", 0)
+        try:
+            engine.submit(bid, requests)
+        except TideError as e:
+            engine.free_batch(bid)
+            return self._fail(f"{method}: {e}", 0)
+        with self._lock:
+            self._async[bid] = (time.monotonic(), sum(int(n) for n in lengths))
+        return bid
+
+    def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
+                                   peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                   transport_hint: str = "") -> int:
+        return self._submit_async("batch_transfer_async_write", target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, Write)
+
+    def batch_transfer_async_read(self, target_hostname: str, buffers: Sequence[int],
+                                  peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                  transport_hint: str = "") -> int:
+        return self._submit_async("batch_transfer_async_read", target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, Read)
+
+    def batch_transfer_async(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
+                             lengths: Sequence[int], opcode: TransferOpcode, transport_hint: str = "") -> int:
+        return self._submit_async("batch_transfer_async", target_hostname, buffers, peer_buffer_addresses, lengths,
+                                  opcode)
+
+    def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                              transport_hint: str = "") -> int:
+        """A WRITE without waiting: its batch id, or 0."""
+        return self._submit_async("transfer_submit_write", target_hostname, [buffer], [peer_buffer_address], [length],
+                                  Write)
+
+    def _take_async(self, batch_id: int) -> Optional[Tuple[float, int]]:
+        with self._lock:
+            return self._async.pop(int(batch_id), None)
+
+    def get_batch_transfer_status(self, batch_ids: Sequence[int], /) -> int:
+        """Waits for every batch (deadline from its submission), frees them all;
+        0 when all completed, -1 when any failed, timed out or was not a live id."""
+        ids = [int(b) for b in batch_ids]
+        if self._engine is None:
+            return self._fail("get_batch_transfer_status: call initialize() first")
+        engine = self._engine
+        result, seen = 0, set()
+        for bid in ids:
+            if bid in seen:
+                result = self._fail(f"get_batch_transfer_status: batch id 0x{bid:x} given twice")
+                continue
+            seen.add(bid)
+            entry = self._take_async(bid)
+            if entry is None:
+                result = self._fail(f"get_batch_transfer_status: 0x{bid:x} is not a live batch id")
+                continue
+            submitted, nbytes = entry
+            left = submitted + self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * nbytes - time.monotonic()
+            try:
+                state = _wait_final(engine, bid, max(left, 0.0))
+            except TideError as e:
+                state = str(e)
+            _drain_and_free(engine, bid)
+            if state != "ok":
+                result = self._fail(f"get_batch_transfer_status: 0x{bid:x}: {state}")
+        return result
+
+    def transfer_check_status(self, batch_id: int, /) -> int:
+        """1 done, 0 pending, -1 failed (or not a live id), -2 timed out; a final
+        batch is freed, the -2 one too (it is final in tide: nothing leaks)."""
+        bid = int(batch_id)
+        if self._engine is None:
+            return self._fail("transfer_check_status: call initialize() first")
+        with self._lock:
+            live = bid in self._async
+        if not live:
+            return self._fail(f"transfer_check_status: 0x{bid:x} is not a live batch id")
+        try:
+            state, _, reason, _, _ = self._engine.batch_status(bid)
+        except TideError as e:
+            self._take_async(bid)
+            return self._fail(f"transfer_check_status: {e}")
+        if state < 2:
+            return 0
+        if self._take_async(bid) is None:
+            return self._fail(f"transfer_check_status: 0x{bid:x} was taken by another call")
+        _drain_and_free(self._engine, bid)
+        if state == 2:
+            return 1
+        return -2 if state == 4 else -1
+
+    # ---- notifications, probe ----
+    def get_notifies(self) -> List[TransferNotify]:
+        """The notifications received so far (and forgets them); [] before initialize."""
+        if self._engine is None:
+            return []
+        try:
+            return [TransferNotify(n, m) for n, m in self._engine.take_notifies()]
+        except TideError:
+            return []
+
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 when the peer's engine answers; -1 not initialized, -101 a name that
+        does not parse, -102 nothing answers (or it refuses our secret), -103 it
+        answered something else.  Bounded by MC_HANDSHAKE_CONNECT_TIMEOUT (5 s)."""
+        if self._engine is None:
+            return self._fail("send_probe: call initialize() first")
+        timeout = float(os.environ.get("MC_HANDSHAKE_CONNECT_TIMEOUT", "5") or 5)
+        try:
+            self._engine.probe(peer_server_name, max(timeout, 0.001))
+        except TideError as e:
+            code = {"invalid_argument": -101, "protocol_error": -103, "segment_not_found": -200}.get(e.name, -102)
+            return self._fail(f"send_probe {peer_server_name}: {e}", code)
+        return 0
+
+    # ---- what tide does not have ----
+    def warmup_efa_segment(self, segment_name: str) -> int:
+        """0: tide has no EFA transport (as Mooncake's non-EFA builds)."""
+        return 0
+
+    def get_engine(self):
+        """None: Mooncake's native consumers (mooncake.store, mooncake.pg) need its C++ engine."""
+        return None
+
+    def get_engine_ptr(self) -> int:
+        """0, as get_engine()."""
+        return 0
+
+    def _no_gpu(self, *args, **kwargs):
+        raise NotImplementedError("tide has no GPU (CUDA) support yet: register host memory and use the "
+                                  "transfer_sync_* / batch_transfer_* methods")
+
+    transfer_write_on_cuda = _no_gpu
+    transfer_read_on_cuda = _no_gpu
+    batch_transfer_write_on_cuda = _no_gpu
+    batch_transfer_read_on_cuda = _no_gpu
+
+    def close(self) -> None:
+        """tide's addition: stops the engine now (Mooncake's stops with the object)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+        with self._lock:
+            for block in self._managed.values():
+                try:
+                    block.close()
+                except BufferError:
+                    pass
+            self._managed.clear()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close()
+
+
+class _NotInitialized(Exception):
+    pass
+
+
+def _opcode(opcode) -> TransferOpcode:
+    if isinstance(opcode, TransferOpcode):
+        return opcode
+    # Mooncake's opcode from its own module (an enum with .value) is accepted; plain ints are not, as in Mooncake.
+    value = getattr(opcode, "value", None)
+    if isinstance(value, int) and not isinstance(opcode, int) and value in (0, 1):
+        return TransferOpcode(value)
+    raise TypeError(f"opcode must be TransferOpcode.Read or TransferOpcode.Write, got {opcode!r}")
+
+
+def _host_part(name: str) -> str:
+    """The host of "host[:port]" / "[v6]:port" (Mooncake ignores a port in p2p mode)."""
+    if name.startswith("["):
+        return name[: name.find("]") + 1] if "]" in name else name
+    if name.count(":") == 1:
+        return name.split(":", 1)[0]
+    return name
+
+
+def _wait_final(engine, bid: int, timeout_s: float) -> str:
+    """"ok" when every task completed; else why not.  Past the timeout the
+    batch is canceled and drained (final) before this returns."""
+    try:
+        engine.wait(bid, timeout_s)
+    except TideError as e:
+        if e.name != "timed_out":
+            raise
+        engine.cancel(bid)
+        engine.wait(bid, -1.0)  # posted WRs complete or flush: bounded by the QP's retry timeout
+        return f"timed out after {timeout_s:.3f} s (canceled and drained)"
+    state, nbytes, reason, device, path = engine.batch_status(bid)
+    if state == 2:
+        return "ok"
+    from .errors import class_for
+
+    why = class_for(reason)(reason).name if reason else "failed"
+    where = f" ({device} -> {path})" if path else ""
+    return f"transfer {['WAITING', 'PENDING', 'COMPLETED', 'FAILED', 'TIMEOUT', 'CANCELED'][state]}: {why}{where}"
+
+
+def _drain_and_free(engine, bid: int) -> None:
+    try:
+        engine.free_batch(bid)
+    except TideError as e:
+        if e.name == "batch_busy":  # a submit error after partial posting: let it drain
+            engine.cancel(bid)
+            engine.wait(bid, -1.0)
+            engine.free_batch(bid)
+        elif e.name != "unknown_batch":
+            raise

@@ -1,0 +1,1 @@
+"""Drop-in surfaces of other engines' Python modules."""
