@@ -4,20 +4,12 @@
 
 #include <tide/policy/etcd.hpp>
 #include <tide/policy/http.hpp>
+#include <tide/policy/sets.hpp>
 
 namespace tide::bench {
-namespace {
 
-/// Mooncake's choices: its SIEVE variant, its shard formula, its spin-then-sleep
-/// workers, one random preferred NIC per request.
-struct mooncake_policies : default_policies {
-  using eviction = policy::mooncake_sieve;
-  using shard_hash = policy::mooncake_hash;
-  using idle = policy::hybrid;
-  using path = policy::mooncake_random;
-};
-
-}  // namespace
+using policy::mooncake_policies;
+using policy::with_metadata;
 
 void add_default_sets(std::vector<policy_entry>& out) {
   out.push_back({"default", describe<default_policies>(), &run<default_policies>,

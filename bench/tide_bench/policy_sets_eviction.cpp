@@ -2,19 +2,13 @@
 #include "policy_sets.hpp"
 #include "runner.hpp"
 
+#include <tide/policy/sets.hpp>
+
 namespace tide::bench {
-namespace {
-
-template <class Eviction>
-struct eviction_set : default_policies {
-  using eviction = Eviction;
-};
-
-}  // namespace
 
 void add_eviction_sets(std::vector<policy_entry>& out) {
-  using fifo_set = eviction_set<policy::fifo>;
-  using lru_set = eviction_set<policy::lru>;
+  using fifo_set = policy::with_eviction<default_policies, policy::fifo>;
+  using lru_set = policy::with_eviction<default_policies, policy::lru>;
   out.push_back({"fifo", describe<fifo_set>(), &run<fifo_set>, nullptr, nullptr});
   out.push_back({"lru", describe<lru_set>(), &run<lru_set>, nullptr, nullptr});
 }

@@ -2,17 +2,15 @@
 #include "policy_sets.hpp"
 #include "runner.hpp"
 
+#include <tide/policy/sets.hpp>
+
 namespace tide::bench {
 namespace {
 
 template <class Idle>
-struct idle_set : default_policies {
-  using idle = Idle;
-};
+using idle_set = policy::with_idle<default_policies, Idle>;
 template <class Hash>
-struct hash_set : default_policies {
-  using shard_hash = Hash;
-};
+using hash_set = policy::with_shard_hash<default_policies, Hash>;
 /// What suits a shared or software-RDMA host: no CPU burnt while idle.
 struct event_driven_policies : default_policies {
   using idle = policy::cq_event;

@@ -24,13 +24,6 @@
 
 namespace tide::bench {
 
-/// A policy set with its metadata backend replaced (tide-bench picks the
-/// backend from --metadata_server at run time).
-template <class P, class M>
-struct with_metadata : P {
-  using metadata = M;
-};
-
 /// Page-aligned anonymous memory, released on scope exit.
 class bench_buffer {
  public:

@@ -4,20 +4,14 @@
 
 #include <tide/policy/etcd.hpp>
 #include <tide/policy/http.hpp>
+#include <tide/policy/sets.hpp>
 
 namespace tide::py {
-namespace {
-
-template <class Metadata>
-struct default_with : default_policies {
-  using metadata = Metadata;
-};
-
-}  // namespace
 
 void add_default_sets(std::vector<policy_set>& out) {
   out.push_back({"default", describe<default_policies>(), &make_engine<default_policies>,
-                 &make_engine<default_with<policy::etcd>>, &make_engine<default_with<policy::http>>});
+                 &make_engine<policy::with_metadata<default_policies, policy::etcd>>,
+                 &make_engine<policy::with_metadata<default_policies, policy::http>>});
 }
 
 const std::vector<policy_set>& policy_sets() {

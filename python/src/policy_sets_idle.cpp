@@ -5,20 +5,14 @@
 // in parallel: policy_sets_other.cpp has the rest).
 #include "engine_iface.hpp"
 
+#include <tide/policy/sets.hpp>
+
 namespace tide::py {
-namespace {
-
-template <class Idle>
-struct idle_set : default_policies {
-  using idle = Idle;
-};
-
-}  // namespace
 
 void add_idle_sets(std::vector<policy_set>& out) {
-  out.push_back(p2p_only<idle_set<policy::busy_poll>>("busy_poll"));
-  out.push_back(p2p_only<idle_set<policy::cq_event>>("cq_event"));
-  out.push_back(p2p_only<idle_set<policy::hybrid>>("hybrid"));
+  out.push_back(p2p_only<policy::with_idle<default_policies, policy::busy_poll>>("busy_poll"));
+  out.push_back(p2p_only<policy::with_idle<default_policies, policy::cq_event>>("cq_event"));
+  out.push_back(p2p_only<policy::with_idle<default_policies, policy::hybrid>>("hybrid"));
 }
 
 }  // namespace tide::py
