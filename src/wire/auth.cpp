@@ -52,6 +52,7 @@ constexpr const char* kKey = "tide_auth";
 cluster_secret::~cluster_secret() {
   OPENSSL_cleanse(mac_key_.data(), mac_key_.size());
   OPENSSL_cleanse(seal_key_.data(), seal_key_.size());
+  OPENSSL_cleanse(desc_key_.data(), desc_key_.size());
 }
 
 result<std::shared_ptr<const cluster_secret>> cluster_secret::from_bytes(std::string_view secret) {
@@ -63,6 +64,7 @@ result<std::shared_ptr<const cluster_secret>> cluster_secret::from_bytes(std::st
   std::shared_ptr<cluster_secret> s(new cluster_secret());
   s->mac_key_ = derive(secret, "tide-auth-v1/mac");
   s->seal_key_ = derive(secret, "tide-auth-v1/seal");
+  s->desc_key_ = derive(secret, "tide-auth-v1/descriptor");
   return std::shared_ptr<const cluster_secret>(std::move(s));
 }
 

@@ -3,6 +3,7 @@
 
 #include <tide/wire/descriptors.hpp>
 
+#include "hex.hpp"
 #include "json_util.hpp"
 
 #include <tide/wire/seal.hpp>
@@ -14,6 +15,7 @@
 #include <ctime>
 #include <numeric>
 #include <sys/time.h>
+#include <unordered_map>
 
 namespace tide {
 
@@ -83,15 +85,22 @@ std::string format_gid(const gid_bytes& gid) {
 status validate_segment(const segment_desc& d) {
   if (d.name.empty()) return malformed("name", "must not be empty");
   if (d.protocol.empty()) return malformed("protocol", "must not be empty");
+  // The caps come before any per-element work: a descriptor is input from
+  // whoever can write the store.
+  if (d.devices.size() > kMaxSegmentDevices)
+    return malformed("devices", std::to_string(d.devices.size()) + " devices, at most " +
+                                    std::to_string(kMaxSegmentDevices));
+  if (d.buffers.size() > kMaxSegmentBuffers)
+    return malformed("buffers", std::to_string(d.buffers.size()) + " buffers, at most " +
+                                    std::to_string(kMaxSegmentBuffers));
+  std::unordered_map<std::string_view, std::size_t> device_at;
+  device_at.reserve(d.devices.size());
   for (std::size_t i = 0; i < d.devices.size(); ++i) {
     const std::string field = "devices[" + std::to_string(i) + "]";
     if (d.devices[i].name.empty()) return malformed(field + ".name", "must not be empty");
-    for (std::size_t j = 0; j < i; ++j) {
-      if (d.devices[j].name == d.devices[i].name) {
-        return malformed(field + ".name", "\"" + d.devices[i].name + "\" duplicates devices[" +
-                                              std::to_string(j) + "]");
-      }
-    }
+    if (auto [it, fresh] = device_at.try_emplace(d.devices[i].name, i); !fresh)
+      return malformed(field + ".name", "\"" + d.devices[i].name + "\" duplicates devices[" +
+                                            std::to_string(it->second) + "]");
   }
   const bool rdma = d.protocol == "rdma";
   const std::size_t ndev = d.devices.size();
@@ -245,6 +254,13 @@ result<buffer_desc> read_buffer(const json& v, const std::string& field, std::st
   TIDE_TRY_ASSIGN(b.name, f.string("name"));
   TIDE_TRY_ASSIGN(b.length, f.unsigned_int("length", UINT64_MAX));
   TIDE_TRY_ASSIGN(b.access, read_access(f, field));
+  // Before the sealed branch: a sealed buffer keeps its id too (it is what
+  // peers address; without it the id would fall back to the index).
+  if (f.find("id") != nullptr) {
+    std::uint64_t id = 0;
+    TIDE_TRY_ASSIGN(id, f.unsigned_int("id", 0xfffffffeu));  // 0xffffffff is kRawAddress
+    b.id = static_cast<std::uint32_t>(id);
+  }
   if (f.find("sealed")) {
     std::string sealed;
     TIDE_TRY_ASSIGN(sealed, f.string("sealed"));
@@ -261,11 +277,6 @@ result<buffer_desc> read_buffer(const json& v, const std::string& field, std::st
   // Buffers of non-RDMA protocols carry no keys; absent means none.
   if (const json* k = f.find("rkey")) TIDE_TRY_ASSIGN(b.rkey, read_u32_array(*k, field + ".rkey"));
   if (const json* k = f.find("lkey")) TIDE_TRY_ASSIGN(b.lkey, read_u32_array(*k, field + ".lkey"));
-  if (f.find("id") != nullptr) {
-    std::uint64_t id = 0;
-    TIDE_TRY_ASSIGN(id, f.unsigned_int("id", 0xfffffffeu));  // 0xffffffff is kRawAddress
-    b.id = static_cast<std::uint32_t>(id);
-  }
   return b;
 }
 
@@ -288,11 +299,71 @@ result<priority_matrix> read_priority(const json& v, const std::string& field) {
   return m;
 }
 
+// The sections of a sealed descriptor's "mac" object.  "header" is every
+// top-level field but the other three (name, timestamp, protocol, ports,
+// rdma_server_name, and any field a later version adds).
+constexpr const char* kMacSections[] = {"header", "devices", "priority_matrix", "buffers"};
+
+std::string section_text(const json& root, std::string_view section) {
+  if (section == "header") {
+    json h = json::object();
+    for (auto it = root.begin(); it != root.end(); ++it)
+      if (it.key() != "devices" && it.key() != "priority_matrix" && it.key() != "buffers" && it.key() != "mac")
+        h[it.key()] = it.value();
+    return h.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  auto it = root.find(section);
+  return it == root.end() ? std::string("null") : it->dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// The name and timestamp the MACs bind, read as the encoder wrote them;
+// fields that are missing or of another type bind as "" (the header MAC then
+// fails, or the field's own check names it).
+std::string string_or_empty(const json& root, const char* key) {
+  auto it = root.find(key);
+  return it != root.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+json descriptor_macs(const json& root, const wire::cluster_secret& s) {
+  const std::string name = string_or_empty(root, "name");
+  const std::string stamp = string_or_empty(root, "timestamp");
+  json macs = json::object();
+  for (const char* section : kMacSections) {
+    macs[section] = wire::to_hex(wire::descriptor_mac(s, section, name, stamp, section_text(root, section)));
+  }
+  return macs;
+}
+
+status check_mac(const json& root, const wire::cluster_secret& s, std::string_view section) {
+  const std::string field = "mac." + std::string(section);
+  auto macs = root.find("mac");
+  if (macs == root.end() || !macs->is_object())
+    return malformed("mac", "missing: with a cluster secret every descriptor carries MACs over its fields "
+                            "(published by a tide older than the descriptor MACs, or not by tide)");
+  auto mac = macs->find(section);
+  if (mac == macs->end() || !mac->is_string()) return malformed(field, "missing");
+  if (!wire::verify_descriptor_mac(s, section, string_or_empty(root, "name"), string_or_empty(root, "timestamp"),
+                                   section_text(root, section), mac->get<std::string>())) {
+    const char* what = section == "header"           ? "name, timestamp, protocol, rdma_server_name or ports"
+                       : section == "devices"         ? "the device list (names, LIDs, GIDs)"
+                       : section == "priority_matrix" ? "the priority matrix"
+                                                      : "the buffer list (ids, order, blobs)";
+    return malformed(field, std::string("does not verify: ") + what +
+                                " changed after publishing, or published under another secret");
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string encode_segment(const segment_desc& d) { return *encode_segment(d, nullptr); }
 
 result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal) {
+  return encode_segment(d, seal, nullptr);
+}
+
+result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal,
+                                   wire::seal_cache* cache) {
   json j = json::object();
   j["name"] = d.name;
   j["protocol"] = d.protocol;
@@ -312,7 +383,7 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
     if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
     if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
     if (seal != nullptr) {
-      auto sealed = wire::seal_buffer(*seal, d.name, i, b);
+      auto sealed = cache != nullptr ? cache->seal(*seal, d.name, i, b) : wire::seal_buffer(*seal, d.name, i, b);
       if (!sealed) return tl::unexpected(std::move(sealed.error()));
       e["sealed"] = std::move(*sealed);
     } else {
@@ -328,6 +399,10 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
     pm[loc] = json::array({strings_json(e.preferred), strings_json(e.available)});
   }
   j["priority_matrix"] = std::move(pm);
+  if (seal != nullptr) {
+    if (cache != nullptr) cache->sweep();
+    j["mac"] = descriptor_macs(j, *seal);
+  }
   return dump_line(j);
 }
 
@@ -336,6 +411,12 @@ result<segment_desc> decode_segment(std::string_view text) { return decode_segme
 result<segment_desc> decode_segment(std::string_view text, const wire::cluster_secret* seal) try {
   json root;
   TIDE_TRY_ASSIGN(root, detail::parse_object(text));
+  // With a secret, nothing of the descriptor is used (or validated, at O(n)
+  // cost) before its MACs verify; the buffers' MAC comes after the buffers'
+  // own blobs, whose errors name the buffer.
+  if (seal != nullptr)
+    for (const char* section : {"header", "devices", "priority_matrix"})
+      if (auto ok = check_mac(root, *seal, section); !ok) return tl::unexpected(std::move(ok.error()));
   segment_desc d;
   json_field f{root, ""};
   TIDE_TRY_ASSIGN(d.name, f.string("name"));
@@ -364,6 +445,9 @@ result<segment_desc> decode_segment(std::string_view text, const wire::cluster_s
   if (rdma) TIDE_TRY_ASSIGN(devices, f.require("devices"));
   if (devices) {
     if (!devices->is_array()) return detail::wrong_type(*devices, "devices", "an array");
+    if (devices->size() > kMaxSegmentDevices)
+      return malformed("devices", std::to_string(devices->size()) + " devices, at most " +
+                                      std::to_string(kMaxSegmentDevices));
     for (std::size_t i = 0; i < devices->size(); ++i) {
       device_desc dev;
       TIDE_TRY_ASSIGN(dev, read_device((*devices)[i], "devices[" + std::to_string(i) + "]"));
@@ -373,11 +457,17 @@ result<segment_desc> decode_segment(std::string_view text, const wire::cluster_s
   const json* buffers = nullptr;
   TIDE_TRY_ASSIGN(buffers, f.require("buffers"));
   if (!buffers->is_array()) return detail::wrong_type(*buffers, "buffers", "an array");
+  if (buffers->size() > kMaxSegmentBuffers)
+    return malformed("buffers", std::to_string(buffers->size()) + " buffers, at most " +
+                                    std::to_string(kMaxSegmentBuffers));
+  d.buffers.reserve(buffers->size());
   for (std::size_t i = 0; i < buffers->size(); ++i) {
     buffer_desc b;
     TIDE_TRY_ASSIGN(b, read_buffer((*buffers)[i], "buffers[" + std::to_string(i) + "]", d.name, i, seal));
     d.buffers.push_back(std::move(b));
   }
+  if (seal != nullptr)
+    if (auto ok = check_mac(root, *seal, "buffers"); !ok) return tl::unexpected(std::move(ok.error()));
   const json* pm = rdma ? nullptr : f.find("priority_matrix");
   if (rdma) TIDE_TRY_ASSIGN(pm, f.require("priority_matrix"));
   if (pm) TIDE_TRY_ASSIGN(d.priority, read_priority(*pm, "priority_matrix"));

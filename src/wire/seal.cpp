@@ -4,7 +4,9 @@
 
 #include "hex.hpp"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include <memory>
@@ -36,11 +38,12 @@ std::uint64_t get_le(const unsigned char* p, int n) {
 }
 
 std::string associated_data(std::string_view segment, std::size_t index, const buffer_desc& b) {
-  std::string ad = "tide-seal-v1";
+  std::string ad = "tide-seal-v2";
   ad.push_back('\0');
   put_u64(ad, segment.size());
   ad.append(segment);
-  put_u64(ad, index);
+  ad.push_back(b.id ? 'i' : 'x');
+  put_u64(ad, b.id ? *b.id : index);
   put_u64(ad, b.name.size());
   ad.append(b.name);
   put_u64(ad, b.length);
@@ -122,6 +125,64 @@ status open_buffer(const cluster_secret& s, std::string_view segment_name, std::
   b.rkey = std::move(keys[0]);
   b.lkey = std::move(keys[1]);
   return {};
+}
+
+std::array<std::uint8_t, 32> descriptor_mac(const cluster_secret& s, std::string_view section,
+                                            std::string_view segment_name, std::string_view timestamp,
+                                            std::string_view canonical) {
+  std::string msg = "tide-desc-v1";
+  msg.push_back('\0');
+  for (std::string_view part : {section, segment_name, timestamp, canonical}) {
+    put_u64(msg, part.size());
+    msg.append(part);
+  }
+  std::array<std::uint8_t, 32> out{};
+  unsigned len = 0;
+  ::HMAC(EVP_sha256(), s.descriptor_key().data(), static_cast<int>(s.descriptor_key().size()), bytes(msg), msg.size(),
+         out.data(), &len);
+  return out;
+}
+
+bool verify_descriptor_mac(const cluster_secret& s, std::string_view section, std::string_view segment_name,
+                           std::string_view timestamp, std::string_view canonical, std::string_view mac) {
+  std::array<std::uint8_t, 32> got{};
+  if (!from_hex(mac, got)) return false;
+  const auto want = descriptor_mac(s, section, segment_name, timestamp, canonical);
+  return ::CRYPTO_memcmp(want.data(), got.data(), want.size()) == 0;
+}
+
+result<std::string> seal_cache::seal(const cluster_secret& s, std::string_view segment_name, std::size_t index,
+                                     const buffer_desc& b) {
+  const std::uint64_t key = b.id ? *b.id : (std::uint64_t{1} << 32) + index;
+  std::lock_guard lock(mu_);
+  entry& e = by_key_[key];
+  if (e.secret != &s || e.segment != segment_name || e.buffer != b || e.blob.empty()) {
+    auto blob = seal_buffer(s, segment_name, index, b);
+    if (!blob) return blob;
+    ++seals_;
+    e.secret = &s;
+    e.segment = std::string(segment_name);
+    e.buffer = b;
+    e.blob = std::move(*blob);
+  }
+  e.used = true;
+  return e.blob;
+}
+
+void seal_cache::sweep() {
+  std::lock_guard lock(mu_);
+  std::erase_if(by_key_, [](const auto& kv) { return !kv.second.used; });
+  for (auto& [key, e] : by_key_) e.used = false;
+}
+
+std::size_t seal_cache::size() const {
+  std::lock_guard lock(mu_);
+  return by_key_.size();
+}
+
+std::uint64_t seal_cache::seals() const {
+  std::lock_guard lock(mu_);
+  return seals_;
 }
 
 }  // namespace tide::wire

@@ -8,6 +8,8 @@
 //    local_only buffers absent from the descriptor, and a WRITE forced past
 //    the check (a forged descriptor) fails with remote_access_error on the
 //    NIC, the target bytes unchanged;
+//  - with the secret, a WRITE by buffer id lands in that buffer after an
+//    unregister and past a local_only buffer (ids survive sealing);
 //  - an empty-GID connect naming a host makes no outbound connection;
 //  - the cost of authentication: open_segment + first transfer timed with
 //    and without the secret (printed; never asserted).
@@ -210,6 +212,52 @@ TEST_CASE("peers sharing the secret transfer; a wrong secret gets auth_failed on
   CHECK(b->close_segment(*id).has_value());
   ::unlink(key.c_str());
   ::unlink(other.c_str());
+}
+
+// Review turn 3, finding 1: sealed descriptors dropped the buffer ids, so
+// an id fell back to the index and a WRITE by id landed in another buffer.
+TEST_CASE("with the secret, a WRITE by id lands in that buffer after an unregister and past a local_only buffer") {
+  const auto devs = tide::test::devices_under_test();
+  const std::string key = secret_file('k');
+  auto a = make(devs[0], key);
+  auto b = make(devs[1], key);
+  buffer x(8192, 0x01), y(8192, 0x02), z(8192, 0x03), src(8192, 0x5a);
+  REQUIRE(a->register_memory(x.data, x.size, "cpu:0").has_value());
+  REQUIRE(a->register_memory(y.data, y.size, "cpu:0").has_value());
+  REQUIRE(a->register_memory(z.data, z.size, "cpu:0").has_value());
+  REQUIRE(b->register_memory(src.data, src.size, "cpu:0").has_value());
+  const std::uint32_t y_id = a->buffer_id(y.data).value();
+  REQUIRE(a->unregister_memory(x.data).has_value());
+  REQUIRE(y_id != 0);  // so that index and id differ once X is gone
+
+  auto id = b->open_segment(a->segment_name());
+  REQUIRE_MESSAGE(id.has_value(), id.error());
+  auto desc = b->segment_descriptor(*id).value();
+  REQUIRE(desc->buffers.size() == 2);
+  CHECK(desc->buffers[0].id == std::optional<std::uint32_t>(y_id));
+  auto st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, *id, y_id, 0, 4096));
+  CHECK(st.state == transfer_state::completed);
+  CHECK(std::all_of(y.data, y.data + 4096, [](unsigned char c) { return c == 0x5a; }));
+  CHECK(std::all_of(y.data + 4096, y.data + y.size, [](unsigned char c) { return c == 0x02; }));
+  CHECK(std::all_of(z.data, z.data + z.size, [](unsigned char c) { return c == 0x03; }));
+
+  // A local_only buffer takes an id but is not published: ids and indices
+  // of the published list differ from then on.
+  buffer local(8192, 0x11), w(8192, 0x04);
+  REQUIRE(a->register_memory(local.data, local.size, "cpu:0", tide::buffer_access::local_only).has_value());
+  REQUIRE(a->register_memory(w.data, w.size, "cpu:0").has_value());
+  const std::uint32_t w_id = a->buffer_id(w.data).value();
+  st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, *id, w_id, 4096, 4096));
+  MESSAGE("WRITE to id " << w_id << " (published index 2): state " << static_cast<int>(st.state) << ", reason "
+                         << tide::to_string(st.reason));
+  CHECK(st.state == transfer_state::completed);
+  CHECK(std::all_of(w.data, w.data + 4096, [](unsigned char c) { return c == 0x04; }));
+  CHECK(std::all_of(w.data + 4096, w.data + w.size, [](unsigned char c) { return c == 0x5a; }));
+  CHECK(std::all_of(z.data, z.data + z.size, [](unsigned char c) { return c == 0x03; }));
+  CHECK(std::all_of(local.data, local.data + local.size, [](unsigned char c) { return c == 0x11; }));
+  CHECK(std::all_of(y.data + 4096, y.data + y.size, [](unsigned char c) { return c == 0x02; }));
+  CHECK(b->close_segment(*id).has_value());
+  ::unlink(key.c_str());
 }
 
 TEST_CASE("buffer access: read-only refused at submit, local_only unpublished, a forced WRITE fails on the NIC") {

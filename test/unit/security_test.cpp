@@ -10,6 +10,7 @@
 #include <tide/net/handshake_server.hpp>
 #include <tide/wire/auth.hpp>
 #include <tide/wire/frame.hpp>
+#include <tide/wire/seal.hpp>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -372,9 +373,11 @@ TEST_CASE("sealed descriptors: no address or key in the store, opened with the s
   CHECK(without.error().code == errc::metadata_malformed);
   CHECK(without.error().detail.find("buffers[0].sealed") != std::string::npos);
 
+  // Another secret: the first MAC checked (the header's) already fails.
   auto other = tide::decode_segment(sealed, secret_of('b').get());
   REQUIRE_FALSE(other.has_value());
-  CHECK(other.error().detail.find("buffers[0].sealed: authentication failed") != std::string::npos);
+  CHECK(other.error().code == errc::metadata_malformed);
+  CHECK(other.error().detail.find("mac.header: does not verify") != std::string::npos);
 
   std::string tampered = sealed;
   const auto at = tampered.find("\"sealed\":\"") + 20;
@@ -394,7 +397,175 @@ TEST_CASE("sealed descriptors: no address or key in the store, opened with the s
   // With the secret, an unsealed descriptor (anyone could have stored it) is refused.
   auto plain = tide::decode_segment(tide::encode_segment(d), key.get());
   REQUIRE_FALSE(plain.has_value());
-  CHECK(plain.error().detail.find("buffers[0]: not sealed") != std::string::npos);
+  CHECK(plain.error().detail.find("mac: missing") != std::string::npos);
+}
+
+namespace {
+
+// The sample with tide's ids, as local_segment() writes them: 3 and 7, not
+// 0 and 1 (buffers before them were unregistered, or are local_only).
+tide::segment_desc with_ids(tide::segment_desc d) {
+  d.buffers[0].id = 3;
+  d.buffers[1].id = 7;
+  d.rdma_server_name = "127.0.0.1";
+  d.timestamp = "2026-12-01 09:00:00.000001";
+  return d;
+}
+
+std::string replace_once(std::string s, const std::string& from, const std::string& to) {
+  const auto at = s.find(from);
+  REQUIRE_MESSAGE(at != std::string::npos, from);
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("sealed descriptors keep buffer ids; an id is bound to its blob") {
+  auto key = secret_of('a');
+  const auto d = with_ids(sample_segment());
+  const std::string sealed = tide::encode_segment(d, key.get()).value();
+  INFO(sealed);
+  auto opened = tide::decode_segment(sealed, key.get());
+  REQUIRE_MESSAGE(opened.has_value(), opened.error());
+  REQUIRE(opened->buffers.size() == 2);
+  CHECK(opened->buffers[0].id == std::optional<std::uint32_t>(3));
+  CHECK(opened->buffers[1].id == std::optional<std::uint32_t>(7));
+  CHECK(*opened == d);
+  // Unsealed, as before.
+  auto plain = tide::decode_segment(tide::encode_segment(d));
+  REQUIRE(plain.has_value());
+  CHECK(*plain == d);
+
+  // Swapping the two ids would send id 3's WRITEs into id 7's buffer: each
+  // blob is sealed to its id, so the first one no longer opens.
+  std::string swapped = replace_once(replace_once(sealed, "\"id\":3", "\"id\":X"), "\"id\":7", "\"id\":3");
+  swapped = replace_once(swapped, "\"id\":X", "\"id\":7");
+  auto s = tide::decode_segment(swapped, key.get());
+  REQUIRE_FALSE(s.has_value());
+  CHECK(s.error().code == errc::metadata_malformed);
+  CHECK(s.error().detail.find("buffers[0].sealed: authentication failed") != std::string::npos);
+  // Dropping an id (the reader would fall back to the index) is refused too.
+  auto dropped = tide::decode_segment(replace_once(sealed, "\"id\":3,", ""), key.get());
+  REQUIRE_FALSE(dropped.has_value());
+  CHECK(dropped.error().detail.find("buffers[0].sealed") != std::string::npos);
+}
+
+TEST_CASE("sealed descriptors: every field outside the blobs is authenticated, and a change names its section") {
+  auto key = secret_of('a');
+  auto d = with_ids(sample_segment());
+  tide::device_desc second;
+  second.name = "rxe1";
+  second.gid.raw[15] = 2;
+  d.devices.push_back(second);
+  for (auto& b : d.buffers) {
+    b.rkey.push_back(0x55);
+    b.lkey.push_back(0x55);
+  }
+  d.priority["cpu:0"] = {{"rxe0"}, {"rxe1"}};
+  const std::string sealed = tide::encode_segment(d, key.get()).value();
+  INFO(sealed);
+  REQUIRE(tide::decode_segment(sealed, key.get()).has_value());
+  struct edit {
+    const char* what;
+    std::string from, to, section;
+  };
+  const edit edits[] = {
+      {"rdma_server_name (where our handshakes go)", "\"rdma_server_name\":\"127.0.0.1\"",
+       "\"rdma_server_name\":\"127.0.0.9\"", "mac.header"},
+      {"timestamp", "09:00:00.000001", "09:00:00.000002", "mac.header"},
+      {"name", "\"name\":\"127.0.0.1:15999\"", "\"name\":\"127.0.0.1:15998\"", "mac.header"},
+      {"tcp_data_port", "\"tcp_data_port\":0", "\"tcp_data_port\":1", "mac.header"},
+      {"an added top-level field", "\"protocol\":", "\"x\":1,\"protocol\":", "mac.header"},
+      {"a device's gid", "00:00:00:00:00:02\"", "00:00:00:00:00:03\"", "mac.devices"},
+      {"a device's lid", "\"lid\":0,\"name\":\"rxe1\"", "\"lid\":1,\"name\":\"rxe1\"", "mac.devices"},
+      {"a device's name", "\"name\":\"rxe1\"", "\"name\":\"rxe2\"", "mac.devices"},
+      {"the priority matrix", "[[\"rxe0\"],[\"rxe1\"]]", "[[\"rxe1\"],[\"rxe0\"]]", "mac.priority_matrix"},
+      {"the MAC itself", "\"header\":\"", "\"header\":\"0", "mac.header"},
+  };
+  for (const auto& e : edits) {
+    CAPTURE(e.what);
+    const std::string bad = replace_once(sealed, e.from, e.to);
+    REQUIRE(bad != sealed);
+    auto r = tide::decode_segment(bad, key.get());
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == errc::metadata_malformed);
+    CHECK_MESSAGE(r.error().detail.starts_with(e.section + ":"), r.error().detail);
+  }
+  // The buffer list as a whole: a second buffer's entry dropped (each blob
+  // alone still opens, the list no longer matches its MAC).
+  auto one = d;
+  one.buffers.pop_back();
+  const std::string shorter = tide::encode_segment(one, key.get()).value();
+  // Splice the shorter buffer list into the full descriptor's other fields.
+  const auto list_of = [](const std::string& j) {
+    const auto b = j.find("\"buffers\":");
+    const auto e = j.find(",\"devices\":");
+    return j.substr(b, e - b);
+  };
+  auto spliced = tide::decode_segment(replace_once(sealed, list_of(sealed), list_of(shorter)), key.get());
+  REQUIRE_FALSE(spliced.has_value());
+  CHECK(spliced.error().detail.starts_with("mac.buffers: does not verify"));
+}
+
+TEST_CASE("descriptor caps: more than 64 devices or 2^20 buffers is refused before they are read; duplicates named") {
+  auto d = sample_segment();
+  d.devices.clear();
+  for (auto& b : d.buffers) b.rkey = b.lkey = {};
+  for (int i = 0; i < 65; ++i) {
+    tide::device_desc dev;
+    dev.name = "rxe" + std::to_string(i);
+    d.devices.push_back(dev);
+  }
+  auto v = tide::validate_segment(d);
+  REQUIRE_FALSE(v.has_value());
+  CHECK(v.error().detail == "devices: 65 devices, at most 64");
+  auto dec = tide::decode_segment(tide::encode_segment(d));
+  REQUIRE_FALSE(dec.has_value());
+  CHECK(dec.error().detail == "devices: 65 devices, at most 64");
+  d.devices.resize(64);
+  d.devices[63].name = "rxe17";
+  for (auto& b : d.buffers) b.rkey = b.lkey = std::vector<std::uint32_t>(64, 1);
+  auto dup = tide::validate_segment(d);
+  REQUIRE_FALSE(dup.has_value());
+  CHECK(dup.error().detail == "devices[63].name: \"rxe17\" duplicates devices[17]");
+  // 2^20 + 1 buffers: the elements are not even objects; the count is checked first.
+  std::string many = R"({"name":"x","protocol":"tcp","buffers":[)";
+  for (std::size_t i = 0; i <= tide::kMaxSegmentBuffers; ++i) many += i == 0 ? "0" : ",0";
+  many += "]}";
+  auto big = tide::decode_segment(many);
+  REQUIRE_FALSE(big.has_value());
+  CHECK(big.error().detail == "buffers: 1048577 buffers, at most 1048576");
+}
+
+TEST_CASE("a seal cache seals each buffer once across publishes, and only what changed") {
+  auto key = secret_of('a');
+  tide::wire::seal_cache cache;
+  auto d = with_ids(sample_segment());
+  const std::string first = tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.seals() == 2);
+  // Same buffers, another timestamp: no seal, the same blobs, still opens.
+  d.timestamp = "2026-12-01 09:00:01.000000";
+  const std::string again = tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.seals() == 2);
+  auto blob = [](const std::string& j, std::size_t nth) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i <= nth; ++i) at = j.find("\"sealed\":\"", at) + 10;
+    return j.substr(at, j.find('"', at) - at);
+  };
+  CHECK(blob(first, 0) == blob(again, 0));
+  REQUIRE(tide::decode_segment(again, key.get()).has_value());
+  // The first buffer unregistered: the other keeps its blob (bound to its id, not its index).
+  d.buffers.erase(d.buffers.begin());
+  const std::string after = tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.seals() == 2);
+  CHECK(cache.size() == 1);
+  auto opened = tide::decode_segment(after, key.get());
+  REQUIRE_MESSAGE(opened.has_value(), opened.error());
+  CHECK(opened->buffers[0].id == std::optional<std::uint32_t>(7));
+  // A changed buffer (new rkeys after re-registration) is sealed again.
+  d.buffers[0].rkey = {0x999};
+  (void)tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.seals() == 3);
 }
 
 TEST_CASE("buffer access travels in the descriptor; Mooncake's buffers allow both") {
