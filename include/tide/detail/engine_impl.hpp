@@ -256,13 +256,13 @@ result<gid_bytes> transfer_engine<P>::peer_gid(std::string_view segment, std::st
 
 template <class P>
 status transfer_engine<P>::publish(const segment_desc& d) {
-  {
-    auto json = encode_segment(d, impl_->secret.get());
-    if (!json) return fail(json.error());
-    std::lock_guard lock(impl_->desc_mu);
-    impl_->desc_json = std::move(*json);
-  }
-  return cache_->publish(d);
+  // One encode (and, with a secret, seals of the changed buffers only) serves
+  // both the store and this engine's own metadata answers.
+  auto json = cache_->publish_json(d);
+  if (!json) return fail(json.error());
+  std::lock_guard lock(impl_->desc_mu);
+  impl_->desc_json = std::move(*json);
+  return {};
 }
 
 template <class P>

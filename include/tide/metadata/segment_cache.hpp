@@ -32,6 +32,7 @@
 
 #include <tide/metadata/backend.hpp>
 #include <tide/wire/descriptors.hpp>
+#include <tide/wire/seal.hpp>
 
 #include <cstdint>
 #include <map>
@@ -72,13 +73,24 @@ class segment_cache {
   /// under local.name.  Errors: errc::metadata_malformed (naming the field),
   /// the backend's (metadata_unavailable, config_invalid).  Cost: one round trip.
   [[nodiscard]] status publish(const segment_desc& local) {
-    if (auto ok = validate_segment(local); !ok) return ok;
+    auto json = publish_json(local);
+    if (!json) return fail(json.error());
+    return {};
+  }
+  /// publish(), returning the JSON it stored.  With a secret, buffers that
+  /// have not changed since the last publish keep their sealed blob
+  /// (wire::seal_cache), so a publish seals only new or changed buffers.
+  [[nodiscard]] result<std::string> publish_json(const segment_desc& local) {
+    if (auto ok = validate_segment(local); !ok) return fail(ok.error());
     segment_desc stamped = local;
     stamped.timestamp = current_timestamp();
-    auto json = encode_segment(stamped, seal_.get());
+    auto json = encode_segment(stamped, seal_.get(), &blobs_);
     if (!json) return fail(json.error());
-    return backend_.put_segment(stamped.name, *json);
+    if (auto put = backend_.put_segment(stamped.name, *json); !put) return fail(put.error());
+    return json;
   }
+  /// Buffers sealed by publishes so far (each seals only what changed).
+  [[nodiscard]] std::uint64_t seals() const { return blobs_.seals(); }
 
   /// Removes the descriptor stored under `name`.  Errors: the backend's.
   [[nodiscard]] status unpublish(std::string_view name) { return backend_.remove_segment(name); }
@@ -207,6 +219,7 @@ class segment_cache {
   mutable std::shared_mutex mu_;
   Backend backend_;
   std::shared_ptr<const wire::cluster_secret> seal_;
+  wire::seal_cache blobs_;
   std::map<std::string, segment_id, std::less<>> ids_;  // every name ever opened
   std::unordered_map<segment_id, entry> open_;
   segment_id next_id_ = 1;
