@@ -281,6 +281,7 @@ status transfer_engine<P>::register_memory_batch(std::span<const buffer_entry> b
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     if (auto r = transport_->register_memory(buffers[i].addr, buffers[i].length, location, false); !r) {
       for (std::size_t j = 0; j < i; ++j) (void)transport_->unregister_memory(buffers[j].addr, false);
+      (void)transport_->publish();  // deregisters the rolled-back MRs
       return fail(r.error().code, "buffer " + std::to_string(i) + ": " + r.error().detail);
     }
   }
