@@ -10,6 +10,8 @@
 //    NIC, the target bytes unchanged;
 //  - with the secret, a WRITE by buffer id lands in that buffer after an
 //    unregister and past a local_only buffer (ids survive sealing);
+//  - with the secret, a member cannot connect another's NIC path, and its
+//    notify is queued under its own identity whatever name it claims;
 //  - concurrent register/unregister: the stored descriptor lists exactly
 //    what is registered;
 //  - an empty-GID connect naming a host makes no outbound connection;
@@ -259,6 +261,49 @@ TEST_CASE("with the secret, a WRITE by id lands in that buffer after an unregist
   CHECK(std::all_of(local.data, local.data + local.size, [](unsigned char c) { return c == 0x11; }));
   CHECK(std::all_of(y.data + 4096, y.data + y.size, [](unsigned char c) { return c == 0x02; }));
   CHECK(b->close_segment(*id).has_value());
+  ::unlink(key.c_str());
+}
+
+// Review turn 3, finding 14: with the shared secret, a member claims only
+// its own NIC paths, and a notification is queued under who sent it.
+TEST_CASE("with the secret a member cannot connect another's NIC path or notify under another's name") {
+  const auto devs = tide::test::devices_under_test();
+  const std::string key = secret_file('k');
+  auto a = make(devs[0], key);
+  auto b = make(devs[1], key);
+  auto secret = tide::wire::cluster_secret::load(key).value();
+  const tide::gid_bytes gid = b->transport().local_segment().devices.at(0).gid;
+  // An insider (the secret, its own identity) connects a path naming b.
+  tide::handshake_desc req;
+  req.local_nic_path = b->segment_name() + "@" + devs[1];
+  req.peer_nic_path = a->segment_name() + "@" + devs[0];
+  req.local_gid = gid;
+  req.qp_num = {0x1234, 0x1235};
+  req.ready_ack = false;
+  auto o = quick(secret);
+  o.identity = "127.0.0.1:1";
+  auto r = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), req, o);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::handshake_rejected);
+  MESSAGE("claiming b's path: " << r.error().detail);
+  CHECK(r.error().detail.find("authenticated peer \"127.0.0.1:1\"") != std::string::npos);
+  CHECK(a->transport().context(0).live_endpoints() == 0);
+  // The same insider's notify claiming to be b is queued under its own identity.
+  REQUIRE(tide::net::send_notify("127.0.0.1", a->handshake_port(), {b->segment_name(), "spoof"}, o).has_value());
+  auto got = a->take_notifies();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].name == "127.0.0.1:1");
+  CHECK(got[0].notify_msg == "spoof");
+  // b itself still connects and transfers (its identity is its path's server).
+  buffer target(4096), src(4096, 0x77);
+  REQUIRE(a->register_memory(target.data, target.size, "cpu:0").has_value());
+  REQUIRE(b->register_memory(src.data, src.size, "cpu:0").has_value());
+  auto id = b->open_segment(a->segment_name()).value();
+  auto st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, id, a->buffer_id(target.data).value(), 0,
+                                                src.size));
+  CHECK(st.state == transfer_state::completed);
+  CHECK(target.data[4095] == 0x77);
+  CHECK(b->close_segment(id).has_value());
   ::unlink(key.c_str());
 }
 

@@ -8,6 +8,7 @@
 #include <tide/detail/notify_inbox.hpp>
 #include <tide/net/handshake_client.hpp>
 #include <tide/net/handshake_server.hpp>
+#include <tide/wire/address.hpp>
 #include <tide/wire/auth.hpp>
 #include <tide/wire/frame.hpp>
 #include <tide/wire/seal.hpp>
@@ -696,6 +697,22 @@ TEST_CASE("slots reserved for authenticated connections; bad admission settings 
     REQUIRE_FALSE(r.has_value());
     CHECK(r.error().code == errc::config_invalid);
   }
+}
+
+// Review turn 3, finding 14: identities were bound to NIC paths first come,
+// first served, so a member could claim another's path.
+TEST_CASE("with the secret a peer claims only its own NIC paths") {
+  CHECK(tide::wire::check_peer_identity("10.0.0.1:16001", "10.0.0.1:16001@mlx5_0").has_value());
+  auto other = tide::wire::check_peer_identity("10.0.0.9:16001", "10.0.0.1:16001@mlx5_0");
+  REQUIRE_FALSE(other.has_value());
+  CHECK(other.error().code == errc::auth_failed);
+  CHECK(other.error().detail.find("\"10.0.0.9:16001\"") != std::string::npos);
+  // A prefix or a suffix of the name is another name.
+  CHECK_FALSE(tide::wire::check_peer_identity("10.0.0.1:1600", "10.0.0.1:16001@mlx5_0").has_value());
+  CHECK_FALSE(tide::wire::check_peer_identity("10.0.0.1:16001@mlx5", "10.0.0.1:16001@mlx5_0").has_value());
+  auto bad = tide::wire::check_peer_identity("10.0.0.1:16001", "no-device");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code == errc::invalid_argument);
 }
 
 TEST_CASE("buffer access travels in the descriptor; Mooncake's buffers allow both") {

@@ -97,8 +97,15 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     return r;
   };
   hh.on_notify_from = [im](const notify_desc& n, std::string_view peer_identity) {
-    // Rate-limit by who proved itself when authenticated, else by the name claimed.
-    return im->inbox.push(n, peer_identity.empty() ? std::string_view(n.name) : peer_identity);
+    if (peer_identity.empty()) return im->inbox.push(n, n.name);
+    // Authenticated: the sender is who proved itself, whatever the body says.
+    notify_desc from = n;
+    if (from.name != peer_identity) {
+      TIDE_LOG_WARN("notify from " << peer_identity << " claims to be \"" << from.name.substr(0, 64)
+                                   << "\"; queued under " << peer_identity);
+      from.name = std::string(peer_identity);
+    }
+    return im->inbox.push(from, peer_identity);
   };
   hh.local_segment = [im]() -> std::optional<std::string> {
     std::lock_guard lock(im->desc_mu);

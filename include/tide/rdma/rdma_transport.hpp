@@ -28,6 +28,7 @@
 #include <tide/topology/hca.hpp>
 #include <tide/topology/priority_matrix.hpp>
 #include <tide/transfer.hpp>
+#include <tide/wire/address.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -247,8 +248,6 @@ class rdma_transport {
   std::vector<const plan::rail_map*> rail_maps_;
   std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
 
-  std::mutex identity_mu_;
-  std::unordered_map<std::string, std::string> peer_identity_;  ///< endpoint path -> authenticated peer
 };
 
 }  // namespace tide::rdma
