@@ -106,6 +106,11 @@ status validate_segment(const segment_desc& d) {
   const std::size_t ndev = d.devices.size();
   for (std::size_t i = 0; i < d.buffers.size(); ++i) {
     const buffer_desc& b = d.buffers[i];
+    // Runs on every publish over every buffer: the field name is built only
+    // on the error paths below.
+    if (!b.name.empty() && b.addr != 0 && b.length != 0 && b.addr <= UINT64_MAX - b.length &&
+        (!(rdma || !b.rkey.empty()) || (b.rkey.size() == ndev && b.lkey.size() == ndev)))
+      continue;
     const std::string field = "buffers[" + std::to_string(i) + "]";
     if (b.name.empty()) return malformed(field + ".name", "must not be empty (a location such as cpu:0)");
     if (b.addr == 0) return malformed(field + ".addr", "must not be 0");
@@ -304,17 +309,7 @@ result<priority_matrix> read_priority(const json& v, const std::string& field) {
 // rdma_server_name, and any field a later version adds).
 constexpr const char* kMacSections[] = {"header", "devices", "priority_matrix", "buffers"};
 
-std::string section_text(const json& root, std::string_view section) {
-  if (section == "header") {
-    json h = json::object();
-    for (auto it = root.begin(); it != root.end(); ++it)
-      if (it.key() != "devices" && it.key() != "priority_matrix" && it.key() != "buffers" && it.key() != "mac")
-        h[it.key()] = it.value();
-    return h.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
-  auto it = root.find(section);
-  return it == root.end() ? std::string("null") : it->dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string compact(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // The name and timestamp the MACs bind, read as the encoder wrote them;
 // fields that are missing or of another type bind as "" (the header MAC then
@@ -324,14 +319,38 @@ std::string string_or_empty(const json& root, const char* key) {
   return it != root.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-json descriptor_macs(const json& root, const wire::cluster_secret& s) {
-  const std::string name = string_or_empty(root, "name");
-  const std::string stamp = string_or_empty(root, "timestamp");
-  json macs = json::object();
-  for (const char* section : kMacSections) {
-    macs[section] = wire::to_hex(wire::descriptor_mac(s, section, name, stamp, section_text(root, section)));
+// One buffer entry's MAC.  It binds the segment name but not the timestamp,
+// so it stays valid (and cached) across publishes; the "buffers" section
+// MAC binds the list of these to one publish.
+std::array<std::uint8_t, 32> buffer_mac(const wire::cluster_secret& s, std::string_view segment,
+                                        std::string_view entry_json) {
+  return wire::descriptor_mac(s, "buffer", segment, "", entry_json);
+}
+
+// What a section's MAC covers: its compact JSON, except for "buffers",
+// whose canonical text is its entries' MACs in order (32 bytes each), so a
+// publish MACs 32 bytes per buffer rather than the whole list again.
+std::string section_text(const json& root, std::string_view section, const wire::cluster_secret& s) {
+  if (section == "header") {
+    json h = json::object();
+    for (auto it = root.begin(); it != root.end(); ++it)
+      if (it.key() != "devices" && it.key() != "priority_matrix" && it.key() != "buffers" && it.key() != "mac")
+        h[it.key()] = it.value();
+    return compact(h);
   }
-  return macs;
+  auto it = root.find(section);
+  if (section == "buffers") {
+    if (it == root.end() || !it->is_array()) return "null";
+    const std::string name = string_or_empty(root, "name");
+    std::string macs;
+    macs.reserve(32 * it->size());
+    for (const auto& e : *it) {
+      const auto m = buffer_mac(s, name, compact(e));
+      macs.append(reinterpret_cast<const char*>(m.data()), m.size());
+    }
+    return macs;
+  }
+  return it == root.end() ? std::string("null") : compact(*it);
 }
 
 status check_mac(const json& root, const wire::cluster_secret& s, std::string_view section) {
@@ -343,7 +362,7 @@ status check_mac(const json& root, const wire::cluster_secret& s, std::string_vi
   auto mac = macs->find(section);
   if (mac == macs->end() || !mac->is_string()) return malformed(field, "missing");
   if (!wire::verify_descriptor_mac(s, section, string_or_empty(root, "name"), string_or_empty(root, "timestamp"),
-                                   section_text(root, section), mac->get<std::string>())) {
+                                   section_text(root, section, s), mac->get<std::string>())) {
     const char* what = section == "header"           ? "name, timestamp, protocol, rdma_server_name or ports"
                        : section == "devices"         ? "the device list (names, LIDs, GIDs)"
                        : section == "priority_matrix" ? "the priority matrix"
@@ -376,34 +395,59 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
     devices.push_back({{"name", dev.name}, {"lid", dev.lid}, {"gid", format_gid(dev.gid)}});
   }
   j["devices"] = std::move(devices);
-  json buffers = json::array();
+  // The buffer list is assembled from each entry's compact text (cached ones
+  // are copied, not encoded again); nlohmann writes an array as its
+  // elements' texts joined by ',', and keys sorted, with "buffers" first.
+  std::string list = "[";
+  std::string entry_macs;
   for (std::size_t i = 0; i < d.buffers.size(); ++i) {
     const auto& b = d.buffers[i];
-    json e = {{"name", b.name}, {"length", b.length}};
-    if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
-    if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
-    if (seal != nullptr) {
-      auto sealed = cache != nullptr ? cache->seal(*seal, d.name, i, b) : wire::seal_buffer(*seal, d.name, i, b);
-      if (!sealed) return tl::unexpected(std::move(sealed.error()));
-      e["sealed"] = std::move(*sealed);
-    } else {
-      e["addr"] = b.addr;
-      e["rkey"] = keys_json(b.rkey);
-      e["lkey"] = keys_json(b.lkey);
+    const wire::seal_cache::entry* cached = cache != nullptr ? cache->find(seal, d.name, i, b) : nullptr;
+    wire::seal_cache::entry fresh;
+    if (cached == nullptr) {
+      json e = {{"name", b.name}, {"length", b.length}};
+      if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
+      if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
+      if (seal != nullptr) {
+        auto sealed = wire::seal_buffer(*seal, d.name, i, b);
+        if (!sealed) return tl::unexpected(std::move(sealed.error()));
+        e["sealed"] = std::move(*sealed);
+      } else {
+        e["addr"] = b.addr;
+        e["rkey"] = keys_json(b.rkey);
+        e["lkey"] = keys_json(b.lkey);
+      }
+      fresh.json = compact(e);
+      if (seal != nullptr) fresh.mac = buffer_mac(*seal, d.name, fresh.json);
+      cached = cache != nullptr ? &cache->store(seal, d.name, i, b, std::move(fresh)) : &fresh;
     }
-    buffers.push_back(std::move(e));
+    if (i > 0) list.push_back(',');
+    list += cached->json;
+    if (seal != nullptr) entry_macs.append(reinterpret_cast<const char*>(cached->mac.data()), cached->mac.size());
   }
-  j["buffers"] = std::move(buffers);
+  list.push_back(']');
+  if (cache != nullptr) cache->sweep();
   json pm = json::object();
   for (const auto& [loc, e] : d.priority) {
     pm[loc] = json::array({strings_json(e.preferred), strings_json(e.available)});
   }
   j["priority_matrix"] = std::move(pm);
   if (seal != nullptr) {
-    if (cache != nullptr) cache->sweep();
-    j["mac"] = descriptor_macs(j, *seal);
+    json macs = json::object();
+    for (const char* section : kMacSections) {
+      const std::string text = std::string_view(section) == "buffers" ? entry_macs : section_text(j, section, *seal);
+      macs[section] = wire::to_hex(wire::descriptor_mac(*seal, section, d.name, d.timestamp, text));
+    }
+    j["mac"] = std::move(macs);
   }
-  return dump_line(j);
+  // Every other key sorts after "buffers".
+  const std::string rest = compact(j);
+  std::string out;
+  out.reserve(list.size() + rest.size() + 16);
+  out.append("{\"buffers\":").append(list).push_back(',');
+  out.append(rest, 1);
+  out.push_back('\n');
+  return out;
 }
 
 result<segment_desc> decode_segment(std::string_view text) { return decode_segment(text, nullptr); }

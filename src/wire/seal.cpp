@@ -151,38 +151,31 @@ bool verify_descriptor_mac(const cluster_secret& s, std::string_view section, st
   return ::CRYPTO_memcmp(want.data(), got.data(), want.size()) == 0;
 }
 
-result<std::string> seal_cache::seal(const cluster_secret& s, std::string_view segment_name, std::size_t index,
-                                     const buffer_desc& b) {
-  const std::uint64_t key = b.id ? *b.id : (std::uint64_t{1} << 32) + index;
-  std::lock_guard lock(mu_);
-  entry& e = by_key_[key];
-  if (e.secret != &s || e.segment != segment_name || e.buffer != b || e.blob.empty()) {
-    auto blob = seal_buffer(s, segment_name, index, b);
-    if (!blob) return blob;
-    ++seals_;
-    e.secret = &s;
-    e.segment = std::string(segment_name);
-    e.buffer = b;
-    e.blob = std::move(*blob);
-  }
+const seal_cache::entry* seal_cache::find(const cluster_secret* s, std::string_view segment_name, std::size_t index,
+                                          const buffer_desc& b) {
+  auto it = by_key_.find(key_of(index, b));
+  if (it == by_key_.end()) return nullptr;
+  slot& e = it->second;
+  if (e.secret != s || e.segment != segment_name || e.buffer != b) return nullptr;
   e.used = true;
-  return e.blob;
+  return &e.e;
+}
+
+const seal_cache::entry& seal_cache::store(const cluster_secret* s, std::string_view segment_name, std::size_t index,
+                                           const buffer_desc& b, entry e) {
+  ++misses_;
+  slot& sl = by_key_[key_of(index, b)];
+  sl.secret = s;
+  sl.segment = std::string(segment_name);
+  sl.buffer = b;
+  sl.e = std::move(e);
+  sl.used = true;
+  return sl.e;
 }
 
 void seal_cache::sweep() {
-  std::lock_guard lock(mu_);
   std::erase_if(by_key_, [](const auto& kv) { return !kv.second.used; });
   for (auto& [key, e] : by_key_) e.used = false;
-}
-
-std::size_t seal_cache::size() const {
-  std::lock_guard lock(mu_);
-  return by_key_.size();
-}
-
-std::uint64_t seal_cache::seals() const {
-  std::lock_guard lock(mu_);
-  return seals_;
 }
 
 }  // namespace tide::wire

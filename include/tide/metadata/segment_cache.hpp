@@ -77,20 +77,29 @@ class segment_cache {
     if (!json) return fail(json.error());
     return {};
   }
-  /// publish(), returning the JSON it stored.  With a secret, buffers that
-  /// have not changed since the last publish keep their sealed blob
-  /// (wire::seal_cache), so a publish seals only new or changed buffers.
+  /// publish(), returning the JSON it stored.  Buffers that have not changed
+  /// since the last publish keep their encoded entry and, with a secret,
+  /// their sealed blob (wire::seal_cache): a publish encodes and seals only
+  /// new or changed buffers, and copies the rest.
   [[nodiscard]] result<std::string> publish_json(const segment_desc& local) {
     if (auto ok = validate_segment(local); !ok) return fail(ok.error());
     segment_desc stamped = local;
     stamped.timestamp = current_timestamp();
-    auto json = encode_segment(stamped, seal_.get(), &blobs_);
+    result<std::string> json;
+    {
+      std::lock_guard lock(publish_mu_);  // the entry cache is one encoder's
+      json = encode_segment(stamped, seal_.get(), &entries_);
+    }
     if (!json) return fail(json.error());
     if (auto put = backend_.put_segment(stamped.name, *json); !put) return fail(put.error());
     return json;
   }
-  /// Buffers sealed by publishes so far (each seals only what changed).
-  [[nodiscard]] std::uint64_t seals() const { return blobs_.seals(); }
+  /// Buffers encoded (with a secret: sealed) by publishes so far; each
+  /// publish encodes only the buffers that are new or changed.
+  [[nodiscard]] std::uint64_t encoded_buffers() {
+    std::lock_guard lock(publish_mu_);
+    return entries_.misses();
+  }
 
   /// Removes the descriptor stored under `name`.  Errors: the backend's.
   [[nodiscard]] status unpublish(std::string_view name) { return backend_.remove_segment(name); }
@@ -219,7 +228,8 @@ class segment_cache {
   mutable std::shared_mutex mu_;
   Backend backend_;
   std::shared_ptr<const wire::cluster_secret> seal_;
-  wire::seal_cache blobs_;
+  std::mutex publish_mu_;
+  wire::seal_cache entries_;  ///< under publish_mu_
   std::map<std::string, segment_id, std::less<>> ids_;  // every name ever opened
   std::unordered_map<segment_id, entry> open_;
   segment_id next_id_ = 1;

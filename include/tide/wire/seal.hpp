@@ -19,7 +19,8 @@
 /// and the buffer list (ids, order, which blobs) decides which remote buffer
 /// a WRITE lands in.
 ///
-/// Thread-safe: the free functions keep no state; seal_cache locks.
+/// Thread-safe: the free functions keep no state (seal_cache is one
+/// encoder's).
 
 #include <tide/result.hpp>
 #include <tide/wire/auth.hpp>
@@ -27,7 +28,7 @@
 
 #include <array>
 #include <cstddef>
-#include <mutex>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -59,34 +60,48 @@ namespace tide::wire {
                                          std::string_view segment_name, std::string_view timestamp,
                                          std::string_view canonical, std::string_view mac);
 
-/// The blobs of the last descriptor encoded, by buffer: a publish seals only
-/// the buffers that are new or changed, so registering N buffers one by one
-/// costs N seals, not N^2/2.  A blob is reused only for the same secret,
-/// segment name and buffer (every field equal), so reuse is invisible to a
-/// reader: it is the blob the last publish already showed.
-/// Thread-safe (one mutex; encode_segment holds it for one descriptor).
+/// The encoded entries of the last descriptor, by buffer: each buffer's JSON
+/// object (with its sealed blob, with a secret) and its MAC.  A publish
+/// encodes and seals only the buffers that are new or changed, and the rest
+/// of its work on the buffer list is copying bytes: registering N buffers one
+/// by one costs N seals and N JSON encodes, not N^2/2 of each.  An entry is
+/// reused only for the same secret, segment name and buffer (every field
+/// equal), so reuse is invisible to a reader: it is the entry the last publish
+/// already showed.
+/// Not thread-safe: one encode at a time (segment_cache::publish_json holds a
+/// mutex around it).
 class seal_cache {
  public:
-  /// seal_buffer, or the cached blob of an equal buffer.
-  [[nodiscard]] result<std::string> seal(const cluster_secret& s, std::string_view segment_name, std::size_t index,
-                                         const buffer_desc& b);
-  /// Forgets the blobs not asked for since the last call (buffers gone).
+  struct entry {
+    std::string json;                 ///< the buffer's compact JSON object
+    std::array<std::uint8_t, 32> mac{};  ///< descriptor_mac("buffer", segment, "", json); with a secret only
+  };
+  /// The entry of an equal buffer encoded by an earlier call under the same
+  /// secret and segment name (marked as used), else nullptr.
+  [[nodiscard]] const entry* find(const cluster_secret* s, std::string_view segment_name, std::size_t index,
+                                  const buffer_desc& b);
+  /// Stores `e` as b's entry (marked as used) and returns it.
+  const entry& store(const cluster_secret* s, std::string_view segment_name, std::size_t index, const buffer_desc& b,
+                     entry e);
+  /// Forgets the entries not used since the last call (buffers gone).
   void sweep();
-  /// Blobs held; seals done since construction (tests, benchmarks).
-  [[nodiscard]] std::size_t size() const;
-  [[nodiscard]] std::uint64_t seals() const;
+  /// Entries held; buffers encoded (with a secret: sealed) anew since construction.
+  [[nodiscard]] std::size_t size() const noexcept { return by_key_.size(); }
+  [[nodiscard]] std::uint64_t misses() const noexcept { return misses_; }
 
  private:
-  struct entry {
+  struct slot {
     const cluster_secret* secret = nullptr;
     std::string segment;
     buffer_desc buffer;
-    std::string blob;
+    entry e;
     bool used = false;
   };
-  mutable std::mutex mu_;
-  std::unordered_map<std::uint64_t, entry> by_key_;  // id, or 2^32 + index without one
-  std::uint64_t seals_ = 0;
+  static std::uint64_t key_of(std::size_t index, const buffer_desc& b) noexcept {
+    return b.id ? *b.id : (std::uint64_t{1} << 32) + index;  // ids are 32-bit: no collision
+  }
+  std::unordered_map<std::uint64_t, slot> by_key_;
+  std::uint64_t misses_ = 0;
 };
 
 }  // namespace tide::wire
