@@ -20,9 +20,11 @@
 #include <array>
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace tide::net {
@@ -61,6 +63,13 @@ struct handshake_server::impl {
   bool closed = false;
 
   std::atomic<std::size_t> active{0};
+  std::atomic<std::size_t> unauthenticated{0};  // connections not yet past authentication
+  // Open connections by source address.  A connection is destroyed on
+  // whichever thread drops its last reference (a pool thread too): locked.
+  std::mutex sources_mu;
+  std::unordered_map<std::string, std::size_t> sources;
+  std::atomic<std::uint64_t> refused_source{0};
+  std::atomic<std::uint64_t> refused_unauthenticated{0};
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> served{0};
   std::atomic<std::uint64_t> dropped{0};
@@ -72,24 +81,39 @@ struct handshake_server::impl {
   // Runs on a pool thread: the reply body, or why to drop the connection.
   result<std::string> handle(message_type type, const std::string& body, const std::string& identity);
   std::optional<std::string> served_segment();
+  // The most connections that have not yet authenticated.
+  [[nodiscard]] std::size_t unauthenticated_cap() const noexcept {
+    return cfg.max_connections - std::min(cfg.reserved_authenticated, cfg.max_connections / 4);
+  }
+  void release_source(const std::string& source) {
+    std::lock_guard lock(sources_mu);
+    if (auto it = sources.find(source); it != sources.end() && --it->second == 0) sources.erase(it);
+  }
 };
 
 namespace {
 
 class connection : public std::enable_shared_from_this<connection> {
  public:
-  connection(handshake_server::impl& srv, tcp::socket sock)
-      : srv_(srv), sock_(std::move(sock)), timer_(srv.io), dec_(srv.cfg.max_frame) {
-    error_code ec;
-    const auto ep = sock_.remote_endpoint(ec);
-    peer_ = ec ? std::string("?") : format_peer_address(ep.address().to_string(), ep.port());
-  }
+  // The caller has counted it in srv.active, srv.unauthenticated and srv.sources[source].
+  connection(handshake_server::impl& srv, tcp::socket sock, std::string source, std::string peer)
+      : srv_(srv),
+        sock_(std::move(sock)),
+        timer_(srv.io),
+        dec_(srv.cfg.secret ? std::min(srv.cfg.max_frame, srv.cfg.max_hello_frame) : srv.cfg.max_frame),
+        source_(std::move(source)),
+        peer_(std::move(peer)) {}
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
-  ~connection() { srv_.active.fetch_sub(1, std::memory_order_relaxed); }
+  ~connection() {
+    past_authentication();
+    srv_.release_source(source_);
+    srv_.active.fetch_sub(1, std::memory_order_relaxed);
+  }
 
   void start() {
-    arm_timer();
+    // With a secret the first frame is the hello: small, and sent at once.
+    arm_timer(srv_.cfg.secret ? srv_.cfg.hello_timeout : srv_.cfg.receive_timeout);
     read_request();
   }
 
@@ -102,9 +126,11 @@ class connection : public std::enable_shared_from_this<connection> {
  private:
   enum class phase : std::uint8_t { reading, handling, writing, lingering, done };
 
-  void arm_timer() {
+  void arm_timer() { arm_timer(srv_.cfg.receive_timeout); }
+  void arm_timer(std::chrono::milliseconds after) {
     const unsigned gen = ++timer_gen_;
-    timer_.expires_after(srv_.cfg.receive_timeout);
+    armed_for_ = after;
+    timer_.expires_after(after);
     timer_.async_wait([self = shared_from_this(), gen](const error_code& ec) {
       // A stale wait (re-armed or cancelled since) must not fire.
       if (!ec && gen == self->timer_gen_) self->on_timeout();
@@ -151,8 +177,9 @@ class connection : public std::enable_shared_from_this<connection> {
   void on_timeout() {
     switch (phase_) {
       case phase::reading:
-        drop("no complete request within " + std::to_string(srv_.cfg.receive_timeout.count()) + " ms (" +
-             std::to_string(received_) + " bytes received)");
+        drop(std::string(srv_.cfg.secret && !challenged_ ? "no complete hello" : "no complete request") +
+             " within " + std::to_string(armed_for_.count()) + " ms (" + std::to_string(received_) +
+             " bytes received)");
         return;
       case phase::writing:
         drop("the client did not take the reply within " +
@@ -176,6 +203,9 @@ class connection : public std::enable_shared_from_this<connection> {
       return;
     }
     if (srv_.cfg.secret && !authenticate(f)) return;
+    // Past authentication (or, without a secret, a complete first frame):
+    // the reserved slots are this connection's to use now.
+    past_authentication();
     const bool inline_reply =
         type_ == message_type::probe || (type_ == message_type::metadata && !srv_.handlers.local_segment);
     if (inline_reply) {
@@ -245,6 +275,13 @@ class connection : public std::enable_shared_from_this<connection> {
     identity_ = std::move(m->identity);
     f.body = std::move(m->body);
     return true;
+  }
+
+  void past_authentication() {
+    if (counted_unauthenticated_) {
+      counted_unauthenticated_ = false;
+      srv_.unauthenticated.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 
   void refuse(std::string_view kind, const std::string& why) {
@@ -331,7 +368,10 @@ class connection : public std::enable_shared_from_this<connection> {
   frame_decoder dec_;
   std::array<char, 4096> buf_{};
   std::string out_;
+  std::string source_;  // the key in srv_.sources
   std::string peer_;
+  std::chrono::milliseconds armed_for_{0};
+  bool counted_unauthenticated_ = true;
   std::size_t received_ = 0;
   phase phase_ = phase::reading;
   message_type type_ = message_type::connect;
@@ -360,17 +400,44 @@ void handshake_server::impl::accept_next() {
     }
     accepted.fetch_add(1, std::memory_order_relaxed);
     std::erase_if(conns, [](const std::weak_ptr<connection>& w) { return w.expired(); });
-    if (active.load(std::memory_order_relaxed) >= cfg.max_connections) {
+    error_code ep_ec;
+    const auto ep = sock.remote_endpoint(ep_ec);
+    std::string source = ep_ec ? std::string("?") : ep.address().to_string();
+    std::string peer = ep_ec ? source : format_peer_address(source, ep.port());
+    auto refuse = [&](std::atomic<std::uint64_t>* counter, const std::string& why) {
       dropped.fetch_add(1, std::memory_order_relaxed);
-      TIDE_LOG_WARN("handshake server " << where << ": refusing a connection: " << cfg.max_connections
-                                        << " connections already open");
+      if (counter != nullptr) counter->fetch_add(1, std::memory_order_relaxed);
+      TIDE_LOG_WARN("handshake server " << where << ": refusing a connection from " << peer << ": " << why);
       error_code ignored;
       sock.close(ignored);
+    };
+    if (active.load(std::memory_order_relaxed) >= cfg.max_connections) {
+      refuse(nullptr, std::to_string(cfg.max_connections) + " connections already open");
+    } else if (unauthenticated.load(std::memory_order_relaxed) >= unauthenticated_cap()) {
+      refuse(&refused_unauthenticated, std::to_string(unauthenticated_cap()) +
+                                           " connections not yet authenticated already open (the rest are reserved)");
     } else {
-      active.fetch_add(1, std::memory_order_relaxed);
-      auto c = std::make_shared<connection>(*this, std::move(sock));
-      conns.push_back(c);
-      c->start();
+      bool admitted = false;
+      {
+        std::lock_guard lock(sources_mu);
+        std::size_t& n = sources[source];
+        if (n < cfg.max_connections_per_source) {
+          ++n;
+          admitted = true;
+        } else if (n == 0) {
+          sources.erase(source);
+        }
+      }
+      if (!admitted) {
+        refuse(&refused_source, std::to_string(cfg.max_connections_per_source) + " connections from " + source +
+                                    " already open");
+      } else {
+        active.fetch_add(1, std::memory_order_relaxed);
+        unauthenticated.fetch_add(1, std::memory_order_relaxed);
+        auto c = std::make_shared<connection>(*this, std::move(sock), std::move(source), std::move(peer));
+        conns.push_back(c);
+        c->start();
+      }
     }
     accept_next();
   });
@@ -475,8 +542,10 @@ const std::string& handshake_server::host() const noexcept {
 
 handshake_server_stats handshake_server::stats() const noexcept {
   if (!impl_) return {};
-  return {impl_->accepted.load(std::memory_order_relaxed), impl_->served.load(std::memory_order_relaxed),
-          impl_->dropped.load(std::memory_order_relaxed), impl_->auth_failed.load(std::memory_order_relaxed)};
+  return {impl_->accepted.load(std::memory_order_relaxed),         impl_->served.load(std::memory_order_relaxed),
+          impl_->dropped.load(std::memory_order_relaxed),          impl_->auth_failed.load(std::memory_order_relaxed),
+          impl_->refused_source.load(std::memory_order_relaxed),
+          impl_->refused_unauthenticated.load(std::memory_order_relaxed)};
 }
 
 void handshake_server::stop() noexcept {
@@ -550,6 +619,11 @@ result<handshake_server> handshake_server::start(handshake_server_config config,
     return fail(errc::config_invalid, "handshake server receive_timeout must be > 0");
   }
   if (config.max_connections == 0) return fail(errc::config_invalid, "handshake server max_connections must be > 0");
+  if (config.max_connections_per_source == 0)
+    return fail(errc::config_invalid, "handshake server max_connections_per_source must be > 0");
+  if (config.max_hello_frame == 0) return fail(errc::config_invalid, "handshake server max_hello_frame must be > 0");
+  if (config.hello_timeout.count() <= 0)
+    return fail(errc::config_invalid, "handshake server hello_timeout must be > 0");
   const bool use_range = config.port == 0 && (config.port_range_min != 0 || config.port_range_max != 0);
   if (use_range && (config.port_range_min == 0 || config.port_range_min > config.port_range_max)) {
     return fail(errc::config_invalid, "handshake server port range [" + std::to_string(config.port_range_min) +

@@ -85,4 +85,13 @@ result<nic_path> split_nic_path(std::string_view path) {
   return nic_path{std::string(path.substr(0, at)), std::string(path.substr(at + 1))};
 }
 
+status check_peer_identity(std::string_view identity, std::string_view path) {
+  auto p = split_nic_path(path);
+  if (!p) return fail(p.error());
+  if (p->server != identity)
+    return fail(errc::auth_failed, "NIC path \"" + std::string(path) + "\" is not the authenticated peer \"" +
+                                       std::string(identity) + "\"'s (a peer may claim only its own NIC paths)");
+  return {};
+}
+
 }  // namespace tide::wire

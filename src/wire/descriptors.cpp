@@ -3,6 +3,7 @@
 
 #include <tide/wire/descriptors.hpp>
 
+#include "hex.hpp"
 #include "json_util.hpp"
 
 #include <tide/wire/seal.hpp>
@@ -14,6 +15,7 @@
 #include <ctime>
 #include <numeric>
 #include <sys/time.h>
+#include <unordered_map>
 
 namespace tide {
 
@@ -83,20 +85,32 @@ std::string format_gid(const gid_bytes& gid) {
 status validate_segment(const segment_desc& d) {
   if (d.name.empty()) return malformed("name", "must not be empty");
   if (d.protocol.empty()) return malformed("protocol", "must not be empty");
+  // The caps come before any per-element work: a descriptor is input from
+  // whoever can write the store.
+  if (d.devices.size() > kMaxSegmentDevices)
+    return malformed("devices", std::to_string(d.devices.size()) + " devices, at most " +
+                                    std::to_string(kMaxSegmentDevices));
+  if (d.buffers.size() > kMaxSegmentBuffers)
+    return malformed("buffers", std::to_string(d.buffers.size()) + " buffers, at most " +
+                                    std::to_string(kMaxSegmentBuffers));
+  std::unordered_map<std::string_view, std::size_t> device_at;
+  device_at.reserve(d.devices.size());
   for (std::size_t i = 0; i < d.devices.size(); ++i) {
     const std::string field = "devices[" + std::to_string(i) + "]";
     if (d.devices[i].name.empty()) return malformed(field + ".name", "must not be empty");
-    for (std::size_t j = 0; j < i; ++j) {
-      if (d.devices[j].name == d.devices[i].name) {
-        return malformed(field + ".name", "\"" + d.devices[i].name + "\" duplicates devices[" +
-                                              std::to_string(j) + "]");
-      }
-    }
+    if (auto [it, fresh] = device_at.try_emplace(d.devices[i].name, i); !fresh)
+      return malformed(field + ".name", "\"" + d.devices[i].name + "\" duplicates devices[" +
+                                            std::to_string(it->second) + "]");
   }
   const bool rdma = d.protocol == "rdma";
   const std::size_t ndev = d.devices.size();
   for (std::size_t i = 0; i < d.buffers.size(); ++i) {
     const buffer_desc& b = d.buffers[i];
+    // Runs on every publish over every buffer: the field name is built only
+    // on the error paths below.
+    if (!b.name.empty() && b.addr != 0 && b.length != 0 && b.addr <= UINT64_MAX - b.length &&
+        (!(rdma || !b.rkey.empty()) || (b.rkey.size() == ndev && b.lkey.size() == ndev)))
+      continue;
     const std::string field = "buffers[" + std::to_string(i) + "]";
     if (b.name.empty()) return malformed(field + ".name", "must not be empty (a location such as cpu:0)");
     if (b.addr == 0) return malformed(field + ".addr", "must not be 0");
@@ -245,6 +259,13 @@ result<buffer_desc> read_buffer(const json& v, const std::string& field, std::st
   TIDE_TRY_ASSIGN(b.name, f.string("name"));
   TIDE_TRY_ASSIGN(b.length, f.unsigned_int("length", UINT64_MAX));
   TIDE_TRY_ASSIGN(b.access, read_access(f, field));
+  // Before the sealed branch: a sealed buffer keeps its id too (it is what
+  // peers address; without it the id would fall back to the index).
+  if (f.find("id") != nullptr) {
+    std::uint64_t id = 0;
+    TIDE_TRY_ASSIGN(id, f.unsigned_int("id", 0xfffffffeu));  // 0xffffffff is kRawAddress
+    b.id = static_cast<std::uint32_t>(id);
+  }
   if (f.find("sealed")) {
     std::string sealed;
     TIDE_TRY_ASSIGN(sealed, f.string("sealed"));
@@ -261,11 +282,6 @@ result<buffer_desc> read_buffer(const json& v, const std::string& field, std::st
   // Buffers of non-RDMA protocols carry no keys; absent means none.
   if (const json* k = f.find("rkey")) TIDE_TRY_ASSIGN(b.rkey, read_u32_array(*k, field + ".rkey"));
   if (const json* k = f.find("lkey")) TIDE_TRY_ASSIGN(b.lkey, read_u32_array(*k, field + ".lkey"));
-  if (f.find("id") != nullptr) {
-    std::uint64_t id = 0;
-    TIDE_TRY_ASSIGN(id, f.unsigned_int("id", 0xfffffffeu));  // 0xffffffff is kRawAddress
-    b.id = static_cast<std::uint32_t>(id);
-  }
   return b;
 }
 
@@ -288,11 +304,85 @@ result<priority_matrix> read_priority(const json& v, const std::string& field) {
   return m;
 }
 
+// The sections of a sealed descriptor's "mac" object.  "header" is every
+// top-level field but the other three (name, timestamp, protocol, ports,
+// rdma_server_name, and any field a later version adds).
+constexpr const char* kMacSections[] = {"header", "devices", "priority_matrix", "buffers"};
+
+std::string compact(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// The name and timestamp the MACs bind, read as the encoder wrote them;
+// fields that are missing or of another type bind as "" (the header MAC then
+// fails, or the field's own check names it).
+std::string string_or_empty(const json& root, const char* key) {
+  auto it = root.find(key);
+  return it != root.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// One buffer entry's MAC.  It binds the segment name but not the timestamp,
+// so it stays valid (and cached) across publishes; the "buffers" section
+// MAC binds the list of these to one publish.
+std::array<std::uint8_t, 32> buffer_mac(const wire::cluster_secret& s, std::string_view segment,
+                                        std::string_view entry_json) {
+  return wire::descriptor_mac(s, "buffer", segment, "", entry_json);
+}
+
+// What a section's MAC covers: its compact JSON, except for "buffers",
+// whose canonical text is its entries' MACs in order (32 bytes each), so a
+// publish MACs 32 bytes per buffer rather than the whole list again.
+std::string section_text(const json& root, std::string_view section, const wire::cluster_secret& s) {
+  if (section == "header") {
+    json h = json::object();
+    for (auto it = root.begin(); it != root.end(); ++it)
+      if (it.key() != "devices" && it.key() != "priority_matrix" && it.key() != "buffers" && it.key() != "mac")
+        h[it.key()] = it.value();
+    return compact(h);
+  }
+  auto it = root.find(section);
+  if (section == "buffers") {
+    if (it == root.end() || !it->is_array()) return "null";
+    const std::string name = string_or_empty(root, "name");
+    std::string macs;
+    macs.reserve(32 * it->size());
+    for (const auto& e : *it) {
+      const auto m = buffer_mac(s, name, compact(e));
+      macs.append(reinterpret_cast<const char*>(m.data()), m.size());
+    }
+    return macs;
+  }
+  return it == root.end() ? std::string("null") : compact(*it);
+}
+
+status check_mac(const json& root, const wire::cluster_secret& s, std::string_view section) {
+  const std::string field = "mac." + std::string(section);
+  auto macs = root.find("mac");
+  if (macs == root.end() || !macs->is_object())
+    return malformed("mac", "missing: with a cluster secret every descriptor carries MACs over its fields "
+                            "(published by a tide older than the descriptor MACs, or not by tide)");
+  auto mac = macs->find(section);
+  if (mac == macs->end() || !mac->is_string()) return malformed(field, "missing");
+  if (!wire::verify_descriptor_mac(s, section, string_or_empty(root, "name"), string_or_empty(root, "timestamp"),
+                                   section_text(root, section, s), mac->get<std::string>())) {
+    const char* what = section == "header"           ? "name, timestamp, protocol, rdma_server_name or ports"
+                       : section == "devices"         ? "the device list (names, LIDs, GIDs)"
+                       : section == "priority_matrix" ? "the priority matrix"
+                                                      : "the buffer list (ids, order, blobs)";
+    return malformed(field, std::string("does not verify: ") + what +
+                                " changed after publishing, or published under another secret");
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string encode_segment(const segment_desc& d) { return *encode_segment(d, nullptr); }
 
 result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal) {
+  return encode_segment(d, seal, nullptr);
+}
+
+result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal,
+                                   wire::seal_cache* cache) {
   json j = json::object();
   j["name"] = d.name;
   j["protocol"] = d.protocol;
@@ -305,30 +395,59 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
     devices.push_back({{"name", dev.name}, {"lid", dev.lid}, {"gid", format_gid(dev.gid)}});
   }
   j["devices"] = std::move(devices);
-  json buffers = json::array();
+  // The buffer list is assembled from each entry's compact text (cached ones
+  // are copied, not encoded again); nlohmann writes an array as its
+  // elements' texts joined by ',', and keys sorted, with "buffers" first.
+  std::string list = "[";
+  std::string entry_macs;
   for (std::size_t i = 0; i < d.buffers.size(); ++i) {
     const auto& b = d.buffers[i];
-    json e = {{"name", b.name}, {"length", b.length}};
-    if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
-    if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
-    if (seal != nullptr) {
-      auto sealed = wire::seal_buffer(*seal, d.name, i, b);
-      if (!sealed) return tl::unexpected(std::move(sealed.error()));
-      e["sealed"] = std::move(*sealed);
-    } else {
-      e["addr"] = b.addr;
-      e["rkey"] = keys_json(b.rkey);
-      e["lkey"] = keys_json(b.lkey);
+    const wire::seal_cache::entry* cached = cache != nullptr ? cache->find(seal, d.name, i, b) : nullptr;
+    wire::seal_cache::entry fresh;
+    if (cached == nullptr) {
+      json e = {{"name", b.name}, {"length", b.length}};
+      if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
+      if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
+      if (seal != nullptr) {
+        auto sealed = wire::seal_buffer(*seal, d.name, i, b);
+        if (!sealed) return tl::unexpected(std::move(sealed.error()));
+        e["sealed"] = std::move(*sealed);
+      } else {
+        e["addr"] = b.addr;
+        e["rkey"] = keys_json(b.rkey);
+        e["lkey"] = keys_json(b.lkey);
+      }
+      fresh.json = compact(e);
+      if (seal != nullptr) fresh.mac = buffer_mac(*seal, d.name, fresh.json);
+      cached = cache != nullptr ? &cache->store(seal, d.name, i, b, std::move(fresh)) : &fresh;
     }
-    buffers.push_back(std::move(e));
+    if (i > 0) list.push_back(',');
+    list += cached->json;
+    if (seal != nullptr) entry_macs.append(reinterpret_cast<const char*>(cached->mac.data()), cached->mac.size());
   }
-  j["buffers"] = std::move(buffers);
+  list.push_back(']');
+  if (cache != nullptr) cache->sweep();
   json pm = json::object();
   for (const auto& [loc, e] : d.priority) {
     pm[loc] = json::array({strings_json(e.preferred), strings_json(e.available)});
   }
   j["priority_matrix"] = std::move(pm);
-  return dump_line(j);
+  if (seal != nullptr) {
+    json macs = json::object();
+    for (const char* section : kMacSections) {
+      const std::string text = std::string_view(section) == "buffers" ? entry_macs : section_text(j, section, *seal);
+      macs[section] = wire::to_hex(wire::descriptor_mac(*seal, section, d.name, d.timestamp, text));
+    }
+    j["mac"] = std::move(macs);
+  }
+  // Every other key sorts after "buffers".
+  const std::string rest = compact(j);
+  std::string out;
+  out.reserve(list.size() + rest.size() + 16);
+  out.append("{\"buffers\":").append(list).push_back(',');
+  out.append(rest, 1);
+  out.push_back('\n');
+  return out;
 }
 
 result<segment_desc> decode_segment(std::string_view text) { return decode_segment(text, nullptr); }
@@ -336,6 +455,12 @@ result<segment_desc> decode_segment(std::string_view text) { return decode_segme
 result<segment_desc> decode_segment(std::string_view text, const wire::cluster_secret* seal) try {
   json root;
   TIDE_TRY_ASSIGN(root, detail::parse_object(text));
+  // With a secret, nothing of the descriptor is used (or validated, at O(n)
+  // cost) before its MACs verify; the buffers' MAC comes after the buffers'
+  // own blobs, whose errors name the buffer.
+  if (seal != nullptr)
+    for (const char* section : {"header", "devices", "priority_matrix"})
+      if (auto ok = check_mac(root, *seal, section); !ok) return tl::unexpected(std::move(ok.error()));
   segment_desc d;
   json_field f{root, ""};
   TIDE_TRY_ASSIGN(d.name, f.string("name"));
@@ -364,6 +489,9 @@ result<segment_desc> decode_segment(std::string_view text, const wire::cluster_s
   if (rdma) TIDE_TRY_ASSIGN(devices, f.require("devices"));
   if (devices) {
     if (!devices->is_array()) return detail::wrong_type(*devices, "devices", "an array");
+    if (devices->size() > kMaxSegmentDevices)
+      return malformed("devices", std::to_string(devices->size()) + " devices, at most " +
+                                      std::to_string(kMaxSegmentDevices));
     for (std::size_t i = 0; i < devices->size(); ++i) {
       device_desc dev;
       TIDE_TRY_ASSIGN(dev, read_device((*devices)[i], "devices[" + std::to_string(i) + "]"));
@@ -373,11 +501,17 @@ result<segment_desc> decode_segment(std::string_view text, const wire::cluster_s
   const json* buffers = nullptr;
   TIDE_TRY_ASSIGN(buffers, f.require("buffers"));
   if (!buffers->is_array()) return detail::wrong_type(*buffers, "buffers", "an array");
+  if (buffers->size() > kMaxSegmentBuffers)
+    return malformed("buffers", std::to_string(buffers->size()) + " buffers, at most " +
+                                    std::to_string(kMaxSegmentBuffers));
+  d.buffers.reserve(buffers->size());
   for (std::size_t i = 0; i < buffers->size(); ++i) {
     buffer_desc b;
     TIDE_TRY_ASSIGN(b, read_buffer((*buffers)[i], "buffers[" + std::to_string(i) + "]", d.name, i, seal));
     d.buffers.push_back(std::move(b));
   }
+  if (seal != nullptr)
+    if (auto ok = check_mac(root, *seal, "buffers"); !ok) return tl::unexpected(std::move(ok.error()));
   const json* pm = rdma ? nullptr : f.find("priority_matrix");
   if (rdma) TIDE_TRY_ASSIGN(pm, f.require("priority_matrix"));
   if (pm) TIDE_TRY_ASSIGN(d.priority, read_priority(*pm, "priority_matrix"));

@@ -4,7 +4,9 @@
 
 #include "hex.hpp"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include <memory>
@@ -36,11 +38,12 @@ std::uint64_t get_le(const unsigned char* p, int n) {
 }
 
 std::string associated_data(std::string_view segment, std::size_t index, const buffer_desc& b) {
-  std::string ad = "tide-seal-v1";
+  std::string ad = "tide-seal-v2";
   ad.push_back('\0');
   put_u64(ad, segment.size());
   ad.append(segment);
-  put_u64(ad, index);
+  ad.push_back(b.id ? 'i' : 'x');
+  put_u64(ad, b.id ? *b.id : index);
   put_u64(ad, b.name.size());
   ad.append(b.name);
   put_u64(ad, b.length);
@@ -122,6 +125,57 @@ status open_buffer(const cluster_secret& s, std::string_view segment_name, std::
   b.rkey = std::move(keys[0]);
   b.lkey = std::move(keys[1]);
   return {};
+}
+
+std::array<std::uint8_t, 32> descriptor_mac(const cluster_secret& s, std::string_view section,
+                                            std::string_view segment_name, std::string_view timestamp,
+                                            std::string_view canonical) {
+  std::string msg = "tide-desc-v1";
+  msg.push_back('\0');
+  for (std::string_view part : {section, segment_name, timestamp, canonical}) {
+    put_u64(msg, part.size());
+    msg.append(part);
+  }
+  std::array<std::uint8_t, 32> out{};
+  unsigned len = 0;
+  ::HMAC(EVP_sha256(), s.descriptor_key().data(), static_cast<int>(s.descriptor_key().size()), bytes(msg), msg.size(),
+         out.data(), &len);
+  return out;
+}
+
+bool verify_descriptor_mac(const cluster_secret& s, std::string_view section, std::string_view segment_name,
+                           std::string_view timestamp, std::string_view canonical, std::string_view mac) {
+  std::array<std::uint8_t, 32> got{};
+  if (!from_hex(mac, got)) return false;
+  const auto want = descriptor_mac(s, section, segment_name, timestamp, canonical);
+  return ::CRYPTO_memcmp(want.data(), got.data(), want.size()) == 0;
+}
+
+const seal_cache::entry* seal_cache::find(const cluster_secret* s, std::string_view segment_name, std::size_t index,
+                                          const buffer_desc& b) {
+  auto it = by_key_.find(key_of(index, b));
+  if (it == by_key_.end()) return nullptr;
+  slot& e = it->second;
+  if (e.secret != s || e.segment != segment_name || e.buffer != b) return nullptr;
+  e.used = true;
+  return &e.e;
+}
+
+const seal_cache::entry& seal_cache::store(const cluster_secret* s, std::string_view segment_name, std::size_t index,
+                                           const buffer_desc& b, entry e) {
+  ++misses_;
+  slot& sl = by_key_[key_of(index, b)];
+  sl.secret = s;
+  sl.segment = std::string(segment_name);
+  sl.buffer = b;
+  sl.e = std::move(e);
+  sl.used = true;
+  return sl.e;
+}
+
+void seal_cache::sweep() {
+  std::erase_if(by_key_, [](const auto& kv) { return !kv.second.used; });
+  for (auto& [key, e] : by_key_) e.used = false;
 }
 
 }  // namespace tide::wire

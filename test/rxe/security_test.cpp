@@ -8,6 +8,12 @@
 //    local_only buffers absent from the descriptor, and a WRITE forced past
 //    the check (a forged descriptor) fails with remote_access_error on the
 //    NIC, the target bytes unchanged;
+//  - with the secret, a WRITE by buffer id lands in that buffer after an
+//    unregister and past a local_only buffer (ids survive sealing);
+//  - with the secret, a member cannot connect another's NIC path, and its
+//    notify is queued under its own identity whatever name it claims;
+//  - concurrent register/unregister: the stored descriptor lists exactly
+//    what is registered;
 //  - an empty-GID connect naming a host makes no outbound connection;
 //  - the cost of authentication: open_segment + first transfer timed with
 //    and without the secret (printed; never asserted).
@@ -210,6 +216,132 @@ TEST_CASE("peers sharing the secret transfer; a wrong secret gets auth_failed on
   CHECK(b->close_segment(*id).has_value());
   ::unlink(key.c_str());
   ::unlink(other.c_str());
+}
+
+// Review turn 3, finding 1: sealed descriptors dropped the buffer ids, so
+// an id fell back to the index and a WRITE by id landed in another buffer.
+TEST_CASE("with the secret, a WRITE by id lands in that buffer after an unregister and past a local_only buffer") {
+  const auto devs = tide::test::devices_under_test();
+  const std::string key = secret_file('k');
+  auto a = make(devs[0], key);
+  auto b = make(devs[1], key);
+  buffer x(8192, 0x01), y(8192, 0x02), z(8192, 0x03), src(8192, 0x5a);
+  REQUIRE(a->register_memory(x.data, x.size, "cpu:0").has_value());
+  REQUIRE(a->register_memory(y.data, y.size, "cpu:0").has_value());
+  REQUIRE(a->register_memory(z.data, z.size, "cpu:0").has_value());
+  REQUIRE(b->register_memory(src.data, src.size, "cpu:0").has_value());
+  const std::uint32_t y_id = a->buffer_id(y.data).value();
+  REQUIRE(a->unregister_memory(x.data).has_value());
+  REQUIRE(y_id != 0);  // so that index and id differ once X is gone
+
+  auto id = b->open_segment(a->segment_name());
+  REQUIRE_MESSAGE(id.has_value(), id.error());
+  auto desc = b->segment_descriptor(*id).value();
+  REQUIRE(desc->buffers.size() == 2);
+  CHECK(desc->buffers[0].id == std::optional<std::uint32_t>(y_id));
+  auto st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, *id, y_id, 0, 4096));
+  CHECK(st.state == transfer_state::completed);
+  CHECK(std::all_of(y.data, y.data + 4096, [](unsigned char c) { return c == 0x5a; }));
+  CHECK(std::all_of(y.data + 4096, y.data + y.size, [](unsigned char c) { return c == 0x02; }));
+  CHECK(std::all_of(z.data, z.data + z.size, [](unsigned char c) { return c == 0x03; }));
+
+  // A local_only buffer takes an id but is not published: ids and indices
+  // of the published list differ from then on.
+  buffer local(8192, 0x11), w(8192, 0x04);
+  REQUIRE(a->register_memory(local.data, local.size, "cpu:0", tide::buffer_access::local_only).has_value());
+  REQUIRE(a->register_memory(w.data, w.size, "cpu:0").has_value());
+  const std::uint32_t w_id = a->buffer_id(w.data).value();
+  st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, *id, w_id, 4096, 4096));
+  MESSAGE("WRITE to id " << w_id << " (published index 2): state " << static_cast<int>(st.state) << ", reason "
+                         << tide::to_string(st.reason));
+  CHECK(st.state == transfer_state::completed);
+  CHECK(std::all_of(w.data, w.data + 4096, [](unsigned char c) { return c == 0x04; }));
+  CHECK(std::all_of(w.data + 4096, w.data + w.size, [](unsigned char c) { return c == 0x5a; }));
+  CHECK(std::all_of(z.data, z.data + z.size, [](unsigned char c) { return c == 0x03; }));
+  CHECK(std::all_of(local.data, local.data + local.size, [](unsigned char c) { return c == 0x11; }));
+  CHECK(std::all_of(y.data + 4096, y.data + y.size, [](unsigned char c) { return c == 0x02; }));
+  CHECK(b->close_segment(*id).has_value());
+  ::unlink(key.c_str());
+}
+
+// Review turn 3, finding 14: with the shared secret, a member claims only
+// its own NIC paths, and a notification is queued under who sent it.
+TEST_CASE("with the secret a member cannot connect another's NIC path or notify under another's name") {
+  const auto devs = tide::test::devices_under_test();
+  const std::string key = secret_file('k');
+  auto a = make(devs[0], key);
+  auto b = make(devs[1], key);
+  auto secret = tide::wire::cluster_secret::load(key).value();
+  const tide::gid_bytes gid = b->transport().local_segment().devices.at(0).gid;
+  // An insider (the secret, its own identity) connects a path naming b.
+  tide::handshake_desc req;
+  req.local_nic_path = b->segment_name() + "@" + devs[1];
+  req.peer_nic_path = a->segment_name() + "@" + devs[0];
+  req.local_gid = gid;
+  req.qp_num = {0x1234, 0x1235};
+  req.ready_ack = false;
+  auto o = quick(secret);
+  o.identity = "127.0.0.1:1";
+  auto r = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), req, o);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::handshake_rejected);
+  MESSAGE("claiming b's path: " << r.error().detail);
+  CHECK(r.error().detail.find("authenticated peer \"127.0.0.1:1\"") != std::string::npos);
+  CHECK(a->transport().context(0).live_endpoints() == 0);
+  // The same insider's notify claiming to be b is queued under its own identity.
+  REQUIRE(tide::net::send_notify("127.0.0.1", a->handshake_port(), {b->segment_name(), "spoof"}, o).has_value());
+  auto got = a->take_notifies();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].name == "127.0.0.1:1");
+  CHECK(got[0].notify_msg == "spoof");
+  // b itself still connects and transfers (its identity is its path's server).
+  buffer target(4096), src(4096, 0x77);
+  REQUIRE(a->register_memory(target.data, target.size, "cpu:0").has_value());
+  REQUIRE(b->register_memory(src.data, src.size, "cpu:0").has_value());
+  auto id = b->open_segment(a->segment_name()).value();
+  auto st = run(*b, transfer_request::in_buffer(transfer_op::write, src.data, id, a->buffer_id(target.data).value(), 0,
+                                                src.size));
+  CHECK(st.state == transfer_state::completed);
+  CHECK(target.data[4095] == 0x77);
+  CHECK(b->close_segment(id).has_value());
+  ::unlink(key.c_str());
+}
+
+// Review turn 3, finding 7: a publish snapshotted and stored with no lock
+// across both, so a slower thread could store an older snapshot last.
+TEST_CASE("concurrent register and unregister: the stored descriptor ends up listing exactly what is registered") {
+  const auto devs = tide::test::devices_under_test();
+  const std::string key = secret_file('k');
+  auto a = make(devs[0], key);
+  auto b = make(devs[1], key);
+  constexpr int kThreads = 4, kEach = 24;
+  buffer pool(std::size_t{kThreads} * kEach * 4096);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        unsigned char* p = pool.data + (static_cast<std::size_t>(t) * kEach + static_cast<std::size_t>(i)) * 4096;
+        if (!a->register_memory(p, 4096, "cpu:0")) ++failures;
+        if (i % 2 == 1 && !a->unregister_memory(p - 4096)) ++failures;  // every other one goes again
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  REQUIRE(failures == 0);
+  std::vector<std::uint64_t> want;
+  for (int t = 0; t < kThreads; ++t)
+    for (int i = 1; i < kEach; i += 2)
+      want.push_back(reinterpret_cast<std::uint64_t>(pool.data) + (static_cast<std::uint64_t>(t) * kEach + i) * 4096);
+  auto id = b->open_segment(a->segment_name()).value();
+  auto desc = b->segment_descriptor(id).value();
+  std::vector<std::uint64_t> got;
+  for (const auto& pb : desc->buffers) got.push_back(pb.addr);
+  std::sort(got.begin(), got.end());
+  CHECK(got == want);
+  CHECK(a->transport().registered_buffers() == want.size());
+  CHECK(b->close_segment(id).has_value());
+  ::unlink(key.c_str());
 }
 
 TEST_CASE("buffer access: read-only refused at submit, local_only unpublished, a forced WRITE fails on the NIC") {

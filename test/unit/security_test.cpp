@@ -8,8 +8,10 @@
 #include <tide/detail/notify_inbox.hpp>
 #include <tide/net/handshake_client.hpp>
 #include <tide/net/handshake_server.hpp>
+#include <tide/wire/address.hpp>
 #include <tide/wire/auth.hpp>
 #include <tide/wire/frame.hpp>
+#include <tide/wire/seal.hpp>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -21,9 +23,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -107,7 +112,12 @@ tide::net::request_options opts(std::shared_ptr<const tide::wire::cluster_secret
 struct raw_peer {
   asio::io_context io;
   asio::ip::tcp::socket sock{io};
-  explicit raw_peer(std::uint16_t port) {
+  // From `source` when given (the whole 127/8 is loopback).
+  explicit raw_peer(std::uint16_t port, const char* source = nullptr) {
+    if (source != nullptr) {
+      sock.open(asio::ip::tcp::v4());
+      sock.bind({asio::ip::make_address(source), 0});
+    }
     sock.connect({asio::ip::make_address("127.0.0.1"), port});
   }
   void send(const std::string& bytes) { asio::write(sock, asio::buffer(bytes)); }
@@ -372,9 +382,11 @@ TEST_CASE("sealed descriptors: no address or key in the store, opened with the s
   CHECK(without.error().code == errc::metadata_malformed);
   CHECK(without.error().detail.find("buffers[0].sealed") != std::string::npos);
 
+  // Another secret: the first MAC checked (the header's) already fails.
   auto other = tide::decode_segment(sealed, secret_of('b').get());
   REQUIRE_FALSE(other.has_value());
-  CHECK(other.error().detail.find("buffers[0].sealed: authentication failed") != std::string::npos);
+  CHECK(other.error().code == errc::metadata_malformed);
+  CHECK(other.error().detail.find("mac.header: does not verify") != std::string::npos);
 
   std::string tampered = sealed;
   const auto at = tampered.find("\"sealed\":\"") + 20;
@@ -394,7 +406,320 @@ TEST_CASE("sealed descriptors: no address or key in the store, opened with the s
   // With the secret, an unsealed descriptor (anyone could have stored it) is refused.
   auto plain = tide::decode_segment(tide::encode_segment(d), key.get());
   REQUIRE_FALSE(plain.has_value());
-  CHECK(plain.error().detail.find("buffers[0]: not sealed") != std::string::npos);
+  CHECK(plain.error().detail.find("mac: missing") != std::string::npos);
+}
+
+namespace {
+
+// The sample with tide's ids, as local_segment() writes them: 3 and 7, not
+// 0 and 1 (buffers before them were unregistered, or are local_only).
+tide::segment_desc with_ids(tide::segment_desc d) {
+  d.buffers[0].id = 3;
+  d.buffers[1].id = 7;
+  d.rdma_server_name = "127.0.0.1";
+  d.timestamp = "2026-12-01 09:00:00.000001";
+  return d;
+}
+
+std::string replace_once(std::string s, const std::string& from, const std::string& to) {
+  const auto at = s.find(from);
+  REQUIRE_MESSAGE(at != std::string::npos, from);
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("sealed descriptors keep buffer ids; an id is bound to its blob") {
+  auto key = secret_of('a');
+  const auto d = with_ids(sample_segment());
+  const std::string sealed = tide::encode_segment(d, key.get()).value();
+  INFO(sealed);
+  auto opened = tide::decode_segment(sealed, key.get());
+  REQUIRE_MESSAGE(opened.has_value(), opened.error());
+  REQUIRE(opened->buffers.size() == 2);
+  CHECK(opened->buffers[0].id == std::optional<std::uint32_t>(3));
+  CHECK(opened->buffers[1].id == std::optional<std::uint32_t>(7));
+  CHECK(*opened == d);
+  // Unsealed, as before.
+  auto plain = tide::decode_segment(tide::encode_segment(d));
+  REQUIRE(plain.has_value());
+  CHECK(*plain == d);
+
+  // Swapping the two ids would send id 3's WRITEs into id 7's buffer: each
+  // blob is sealed to its id, so the first one no longer opens.
+  std::string swapped = replace_once(replace_once(sealed, "\"id\":3", "\"id\":X"), "\"id\":7", "\"id\":3");
+  swapped = replace_once(swapped, "\"id\":X", "\"id\":7");
+  auto s = tide::decode_segment(swapped, key.get());
+  REQUIRE_FALSE(s.has_value());
+  CHECK(s.error().code == errc::metadata_malformed);
+  CHECK(s.error().detail.find("buffers[0].sealed: authentication failed") != std::string::npos);
+  // Dropping an id (the reader would fall back to the index) is refused too.
+  auto dropped = tide::decode_segment(replace_once(sealed, "\"id\":3,", ""), key.get());
+  REQUIRE_FALSE(dropped.has_value());
+  CHECK(dropped.error().detail.find("buffers[0].sealed") != std::string::npos);
+}
+
+TEST_CASE("sealed descriptors: every field outside the blobs is authenticated, and a change names its section") {
+  auto key = secret_of('a');
+  auto d = with_ids(sample_segment());
+  tide::device_desc second;
+  second.name = "rxe1";
+  second.gid.raw[15] = 2;
+  d.devices.push_back(second);
+  for (auto& b : d.buffers) {
+    b.rkey.push_back(0x55);
+    b.lkey.push_back(0x55);
+  }
+  d.priority["cpu:0"] = {{"rxe0"}, {"rxe1"}};
+  const std::string sealed = tide::encode_segment(d, key.get()).value();
+  INFO(sealed);
+  REQUIRE(tide::decode_segment(sealed, key.get()).has_value());
+  struct edit {
+    const char* what;
+    std::string from, to, section;
+  };
+  const edit edits[] = {
+      {"rdma_server_name (where our handshakes go)", "\"rdma_server_name\":\"127.0.0.1\"",
+       "\"rdma_server_name\":\"127.0.0.9\"", "mac.header"},
+      {"timestamp", "09:00:00.000001", "09:00:00.000002", "mac.header"},
+      {"name", "\"name\":\"127.0.0.1:15999\"", "\"name\":\"127.0.0.1:15998\"", "mac.header"},
+      {"tcp_data_port", "\"tcp_data_port\":0", "\"tcp_data_port\":1", "mac.header"},
+      {"an added top-level field", "\"protocol\":", "\"x\":1,\"protocol\":", "mac.header"},
+      {"a device's gid", "00:00:00:00:00:02\"", "00:00:00:00:00:03\"", "mac.devices"},
+      {"a device's lid", "\"lid\":0,\"name\":\"rxe1\"", "\"lid\":1,\"name\":\"rxe1\"", "mac.devices"},
+      {"a device's name", "\"name\":\"rxe1\"", "\"name\":\"rxe2\"", "mac.devices"},
+      {"the priority matrix", "[[\"rxe0\"],[\"rxe1\"]]", "[[\"rxe1\"],[\"rxe0\"]]", "mac.priority_matrix"},
+      {"the MAC itself", "\"header\":\"", "\"header\":\"0", "mac.header"},
+  };
+  for (const auto& e : edits) {
+    CAPTURE(e.what);
+    const std::string bad = replace_once(sealed, e.from, e.to);
+    REQUIRE(bad != sealed);
+    auto r = tide::decode_segment(bad, key.get());
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == errc::metadata_malformed);
+    CHECK_MESSAGE(r.error().detail.starts_with(e.section + ":"), r.error().detail);
+  }
+  // The buffer list as a whole: a second buffer's entry dropped (each blob
+  // alone still opens, the list no longer matches its MAC).
+  auto one = d;
+  one.buffers.pop_back();
+  const std::string shorter = tide::encode_segment(one, key.get()).value();
+  // Splice the shorter buffer list into the full descriptor's other fields.
+  const auto list_of = [](const std::string& j) {
+    const auto b = j.find("\"buffers\":");
+    const auto e = j.find(",\"devices\":");
+    return j.substr(b, e - b);
+  };
+  auto spliced = tide::decode_segment(replace_once(sealed, list_of(sealed), list_of(shorter)), key.get());
+  REQUIRE_FALSE(spliced.has_value());
+  CHECK(spliced.error().detail.starts_with("mac.buffers: does not verify"));
+}
+
+TEST_CASE("descriptor caps: more than 64 devices or 2^20 buffers is refused before they are read; duplicates named") {
+  auto d = sample_segment();
+  d.devices.clear();
+  for (auto& b : d.buffers) b.rkey = b.lkey = {};
+  for (int i = 0; i < 65; ++i) {
+    tide::device_desc dev;
+    dev.name = "rxe" + std::to_string(i);
+    d.devices.push_back(dev);
+  }
+  auto v = tide::validate_segment(d);
+  REQUIRE_FALSE(v.has_value());
+  CHECK(v.error().detail == "devices: 65 devices, at most 64");
+  auto dec = tide::decode_segment(tide::encode_segment(d));
+  REQUIRE_FALSE(dec.has_value());
+  CHECK(dec.error().detail == "devices: 65 devices, at most 64");
+  d.devices.resize(64);
+  d.devices[63].name = "rxe17";
+  for (auto& b : d.buffers) b.rkey = b.lkey = std::vector<std::uint32_t>(64, 1);
+  auto dup = tide::validate_segment(d);
+  REQUIRE_FALSE(dup.has_value());
+  CHECK(dup.error().detail == "devices[63].name: \"rxe17\" duplicates devices[17]");
+  // 2^20 + 1 buffers: the elements are not even objects; the count is checked first.
+  std::string many = R"({"name":"x","protocol":"tcp","buffers":[)";
+  for (std::size_t i = 0; i <= tide::kMaxSegmentBuffers; ++i) many += i == 0 ? "0" : ",0";
+  many += "]}";
+  auto big = tide::decode_segment(many);
+  REQUIRE_FALSE(big.has_value());
+  CHECK(big.error().detail == "buffers: 1048577 buffers, at most 1048576");
+}
+
+TEST_CASE("a seal cache encodes and seals each buffer once across publishes, and only what changed") {
+  auto key = secret_of('a');
+  tide::wire::seal_cache cache;
+  auto d = with_ids(sample_segment());
+  const std::string first = tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.misses() == 2);
+  // Same buffers, another timestamp: no seal, the same blobs, still opens.
+  d.timestamp = "2026-12-01 09:00:01.000000";
+  const std::string again = tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.misses() == 2);
+  auto blob = [](const std::string& j, std::size_t nth) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i <= nth; ++i) at = j.find("\"sealed\":\"", at) + 10;
+    return j.substr(at, j.find('"', at) - at);
+  };
+  CHECK(blob(first, 0) == blob(again, 0));
+  REQUIRE(tide::decode_segment(again, key.get()).has_value());
+  // The first buffer unregistered: the other keeps its blob (bound to its id, not its index).
+  d.buffers.erase(d.buffers.begin());
+  const std::string after = tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.misses() == 2);
+  CHECK(cache.size() == 1);
+  auto opened = tide::decode_segment(after, key.get());
+  REQUIRE_MESSAGE(opened.has_value(), opened.error());
+  CHECK(opened->buffers[0].id == std::optional<std::uint32_t>(7));
+  // A changed buffer (new rkeys after re-registration) is sealed again.
+  d.buffers[0].rkey = {0x999};
+  (void)tide::encode_segment(d, key.get(), &cache).value();
+  CHECK(cache.misses() == 3);
+  // Without a secret: the text is what an encode without the cache writes
+  // (Mooncake's layout), whether the entries come from the cache or not.
+  tide::wire::seal_cache plain;
+  auto full = with_ids(sample_segment());
+  CHECK(tide::encode_segment(full, nullptr, &plain).value() == tide::encode_segment(full));
+  CHECK(tide::encode_segment(full, nullptr, &plain).value() == tide::encode_segment(full));
+  CHECK(plain.misses() == 2);
+}
+
+// Review turn 3, finding 4: a hello is parsed on the server's only I/O
+// thread; 1 MiB of "[[[[" cost it ~0.2-0.6 s each (measured), stalling every
+// other client.
+TEST_CASE("a 1 MiB nested hello is dropped before it is parsed; the server answers another client meanwhile") {
+  auto key = secret_of('a');
+  served srv(key);
+  const std::string nested = "{\"tide_auth\":" + std::string((1 << 20) - 64, '[');
+  std::atomic<bool> stop{false};
+  std::atomic<int> dropped{0};
+  std::thread attacker([&] {
+    while (!stop) {
+      raw_peer p(srv.port());
+      boost::system::error_code ec;
+      asio::write(p.sock, asio::buffer(tide::wire::encode_frame(message_type::probe, nested)), ec);
+      if (!p.read_frame()) ++dropped;  // closed without a reply
+    }
+  });
+  // An honest client's authenticated exchanges go through meanwhile.
+  int answered = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (tide::net::send_notify("127.0.0.1", srv.port(), {"127.0.0.1:16001", "x"}, opts(key))) ++answered;
+  }
+  stop = true;
+  attacker.join();
+  MESSAGE(dropped.load() << " nested hellos dropped while 20 notifies were sent");
+  CHECK(answered == 20);
+  CHECK(dropped > 0);
+  CHECK(srv.notifies == 20);
+}
+
+TEST_CASE("after the challenge, a 1 MiB nested request is refused by its depth, not parsed") {
+  auto key = secret_of('a');
+  served srv(key);
+  raw_peer p(srv.port());
+  (void)p.challenge();
+  const std::string nested = "{\"tide_auth\":\"request\",\"body\":" + std::string((1 << 20) - 64, '[');
+  p.send(tide::wire::encode_frame(message_type::notify, nested));
+  auto f = p.read_frame();
+  REQUIRE(f.has_value());
+  CHECK(f->body.find("\"failed\"") != std::string::npos);
+  CHECK(srv.notifies == 0);
+  auto m = tide::wire::decode_auth_message(nested);
+  REQUIRE_FALSE(m.has_value());
+  CHECK(m.error().code == errc::auth_failed);
+  CHECK(m.error().detail == "auth message: nested deeper than 32 levels");
+}
+
+// Review turn 3, finding 5: 256 connection slots shared by every source, held
+// 5 s each before authentication.  Measured before the fix: 300 idle sockets
+// from 127.0.0.1 (reopened as closed) let 4 of 283 probes from 127.0.0.2 in.
+TEST_CASE("many idle sockets from one address: a peer from another address is still answered within a second") {
+  auto key = secret_of('a');
+  served srv(key);
+  std::vector<std::unique_ptr<raw_peer>> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(std::make_unique<raw_peer>(srv.port(), "127.0.0.1"));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (srv.server.stats().accepted < 300 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto s = srv.server.stats();
+  MESSAGE("300 idle sockets from 127.0.0.1: " << s.refused_source << " refused at accept (per-source cap)");
+  CHECK(s.refused_source == 300 - 64);
+  // A real peer on another address: the whole exchange, hello to reply.
+  const auto t1 = std::chrono::steady_clock::now();
+  raw_peer peer(srv.port(), "127.0.0.2");
+  const auto nonce = peer.challenge();
+  const auto mine = tide::wire::fresh_nonce().value();
+  const std::string body = notify_body("through");
+  peer.send(tide::wire::encode_frame(
+      message_type::notify,
+      tide::wire::encode_auth_request(*key, message_type::notify, nonce, mine, "127.0.0.1:16001", body)));
+  auto f = peer.read_frame();
+  const auto took = std::chrono::steady_clock::now() - t1;
+  REQUIRE(f.has_value());
+  auto m = tide::wire::decode_auth_message(f->body);
+  REQUIRE(m.has_value());
+  CHECK(m->kind == "reply");
+  CHECK(took < std::chrono::seconds(1));
+  CHECK(srv.notifies == 1);
+}
+
+namespace {
+
+// Blocks until the server closes `p`; whether it did (EOF or reset).
+bool closed_by_server(raw_peer& p) {
+  boost::system::error_code ec;
+  char byte = 0;
+  p.sock.read_some(asio::buffer(&byte, 1), ec);
+  return static_cast<bool>(ec);
+}
+
+}  // namespace
+
+TEST_CASE("slots reserved for authenticated connections; bad admission settings are refused") {
+  auto key = secret_of('a');
+  tide::net::handshake_server_config c;
+  c.host = "127.0.0.1";
+  c.secret = key;
+  c.max_connections = 8;  // 2 reserved (a quarter), 6 for connections not yet authenticated
+  c.hello_timeout = std::chrono::milliseconds(2000);
+  c.receive_timeout = std::chrono::milliseconds(60000);
+  tide::net::handshake_handlers h;
+  auto srv = tide::net::handshake_server::start(c, std::move(h)).value();
+  std::vector<std::unique_ptr<raw_peer>> idle;
+  for (int i = 0; i < 8; ++i) idle.push_back(std::make_unique<raw_peer>(srv.port()));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (srv.stats().accepted < 8 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(srv.stats().refused_unauthenticated == 2);
+  // None sent a hello: closed at the hello deadline, long before the receive timeout.
+  for (auto& p : idle) CHECK(closed_by_server(*p));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  for (auto bad : {&tide::net::handshake_server_config::max_connections_per_source,
+                   &tide::net::handshake_server_config::max_hello_frame}) {
+    tide::net::handshake_server_config b;
+    b.host = "127.0.0.1";
+    b.*bad = 0;
+    auto r = tide::net::handshake_server::start(b, {});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == errc::config_invalid);
+  }
+}
+
+// Review turn 3, finding 14: identities were bound to NIC paths first come,
+// first served, so a member could claim another's path.
+TEST_CASE("with the secret a peer claims only its own NIC paths") {
+  CHECK(tide::wire::check_peer_identity("10.0.0.1:16001", "10.0.0.1:16001@mlx5_0").has_value());
+  auto other = tide::wire::check_peer_identity("10.0.0.9:16001", "10.0.0.1:16001@mlx5_0");
+  REQUIRE_FALSE(other.has_value());
+  CHECK(other.error().code == errc::auth_failed);
+  CHECK(other.error().detail.find("\"10.0.0.9:16001\"") != std::string::npos);
+  // A prefix or a suffix of the name is another name.
+  CHECK_FALSE(tide::wire::check_peer_identity("10.0.0.1:1600", "10.0.0.1:16001@mlx5_0").has_value());
+  CHECK_FALSE(tide::wire::check_peer_identity("10.0.0.1:16001@mlx5", "10.0.0.1:16001@mlx5_0").has_value());
+  auto bad = tide::wire::check_peer_identity("10.0.0.1:16001", "no-device");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code == errc::invalid_argument);
 }
 
 TEST_CASE("buffer access travels in the descriptor; Mooncake's buffers allow both") {

@@ -97,8 +97,15 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     return r;
   };
   hh.on_notify_from = [im](const notify_desc& n, std::string_view peer_identity) {
-    // Rate-limit by who proved itself when authenticated, else by the name claimed.
-    return im->inbox.push(n, peer_identity.empty() ? std::string_view(n.name) : peer_identity);
+    if (peer_identity.empty()) return im->inbox.push(n, n.name);
+    // Authenticated: the sender is who proved itself, whatever the body says.
+    notify_desc from = n;
+    if (from.name != peer_identity) {
+      TIDE_LOG_WARN("notify from " << peer_identity << " claims to be \"" << from.name.substr(0, 64)
+                                   << "\"; queued under " << peer_identity);
+      from.name = std::string(peer_identity);
+    }
+    return im->inbox.push(from, peer_identity);
   };
   hh.local_segment = [im]() -> std::optional<std::string> {
     std::lock_guard lock(im->desc_mu);
@@ -256,13 +263,13 @@ result<gid_bytes> transfer_engine<P>::peer_gid(std::string_view segment, std::st
 
 template <class P>
 status transfer_engine<P>::publish(const segment_desc& d) {
-  {
-    auto json = encode_segment(d, impl_->secret.get());
-    if (!json) return fail(json.error());
-    std::lock_guard lock(impl_->desc_mu);
-    impl_->desc_json = std::move(*json);
-  }
-  return cache_->publish(d);
+  // One encode (and, with a secret, seals of the changed buffers only) serves
+  // both the store and this engine's own metadata answers.
+  auto json = cache_->publish_json(d);
+  if (!json) return fail(json.error());
+  std::lock_guard lock(impl_->desc_mu);
+  impl_->desc_json = std::move(*json);
+  return {};
 }
 
 template <class P>
@@ -281,6 +288,7 @@ status transfer_engine<P>::register_memory_batch(std::span<const buffer_entry> b
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     if (auto r = transport_->register_memory(buffers[i].addr, buffers[i].length, location, false); !r) {
       for (std::size_t j = 0; j < i; ++j) (void)transport_->unregister_memory(buffers[j].addr, false);
+      (void)transport_->publish();  // deregisters the rolled-back MRs
       return fail(r.error().code, "buffer " + std::to_string(i) + ": " + r.error().detail);
     }
   }

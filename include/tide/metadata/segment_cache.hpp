@@ -32,6 +32,7 @@
 
 #include <tide/metadata/backend.hpp>
 #include <tide/wire/descriptors.hpp>
+#include <tide/wire/seal.hpp>
 
 #include <cstdint>
 #include <map>
@@ -72,12 +73,32 @@ class segment_cache {
   /// under local.name.  Errors: errc::metadata_malformed (naming the field),
   /// the backend's (metadata_unavailable, config_invalid).  Cost: one round trip.
   [[nodiscard]] status publish(const segment_desc& local) {
-    if (auto ok = validate_segment(local); !ok) return ok;
+    auto json = publish_json(local);
+    if (!json) return fail(json.error());
+    return {};
+  }
+  /// publish(), returning the JSON it stored.  Buffers that have not changed
+  /// since the last publish keep their encoded entry and, with a secret,
+  /// their sealed blob (wire::seal_cache): a publish encodes and seals only
+  /// new or changed buffers, and copies the rest.
+  [[nodiscard]] result<std::string> publish_json(const segment_desc& local) {
+    if (auto ok = validate_segment(local); !ok) return fail(ok.error());
     segment_desc stamped = local;
     stamped.timestamp = current_timestamp();
-    auto json = encode_segment(stamped, seal_.get());
+    result<std::string> json;
+    {
+      std::lock_guard lock(publish_mu_);  // the entry cache is one encoder's
+      json = encode_segment(stamped, seal_.get(), &entries_);
+    }
     if (!json) return fail(json.error());
-    return backend_.put_segment(stamped.name, *json);
+    if (auto put = backend_.put_segment(stamped.name, *json); !put) return fail(put.error());
+    return json;
+  }
+  /// Buffers encoded (with a secret: sealed) by publishes so far; each
+  /// publish encodes only the buffers that are new or changed.
+  [[nodiscard]] std::uint64_t encoded_buffers() {
+    std::lock_guard lock(publish_mu_);
+    return entries_.misses();
   }
 
   /// Removes the descriptor stored under `name`.  Errors: the backend's.
@@ -207,6 +228,8 @@ class segment_cache {
   mutable std::shared_mutex mu_;
   Backend backend_;
   std::shared_ptr<const wire::cluster_secret> seal_;
+  std::mutex publish_mu_;
+  wire::seal_cache entries_;  ///< under publish_mu_
   std::map<std::string, segment_id, std::less<>> ids_;  // every name ever opened
   std::unordered_map<segment_id, entry> open_;
   segment_id next_id_ = 1;

@@ -24,7 +24,10 @@
 /// holds no thread); callbacks run on `handler_threads` worker threads, so a
 /// slow callback delays neither I/O nor probes, and callbacks may run
 /// concurrently with each other.  Memory: at most max_connections connections,
-/// each buffering at most max_frame bytes of request.
+/// each buffering at most max_frame bytes of request (max_hello_frame before
+/// the hello, with a secret).  Admission: at most max_connections_per_source
+/// per source address, and slots reserved for connections past
+/// authentication (reserved_authenticated).
 ///
 /// Authentication: with config.secret set, every exchange must follow the
 /// hello / challenge / request / reply sequence of wire/auth.hpp; anything
@@ -68,6 +71,22 @@ struct handshake_server_config {
   std::chrono::milliseconds receive_timeout{5000};
   /// Connections served at once; more are closed on accept with a warning.
   std::size_t max_connections = 256;
+  /// Connections open at once from one source address; more are closed on
+  /// accept.  One node's engines share an address, so this is per node: a
+  /// few handshake threads per NIC and process, far below the default.
+  std::size_t max_connections_per_source = 64;
+  /// Of max_connections, the slots (at most a quarter of them) that only a
+  /// connection past authentication holds: connections that have not yet
+  /// sent a verified request (with a secret) or a complete first frame
+  /// (without one) take at most max_connections minus these, so strangers
+  /// holding sockets open cannot take the slots of exchanges under way.
+  std::size_t reserved_authenticated = 64;
+  /// With a secret, the hello (the first frame, before anything is proven):
+  /// at most max_hello_frame bytes, complete within hello_timeout of accept.
+  /// A hello is 32 bytes; the request after the challenge is bounded by
+  /// max_frame and receive_timeout as before.
+  std::size_t max_hello_frame = 4096;
+  std::chrono::milliseconds hello_timeout{1000};
   /// Worker threads for on_connect / on_notify / local_segment.
   unsigned handler_threads = 2;
   /// The cluster secret; null = Mooncake's unauthenticated wire.
@@ -98,6 +117,11 @@ struct handshake_server_stats {
   std::uint64_t served = 0;    ///< requests answered
   std::uint64_t dropped = 0;   ///< connections dropped for bad input, timeout or overload
   std::uint64_t auth_failed = 0;  ///< requests refused by authentication (secret set)
+  /// Connections closed on accept: their source already had
+  /// max_connections_per_source open, or the unauthenticated slots were full
+  /// (counted in `dropped` too).
+  std::uint64_t refused_source = 0;
+  std::uint64_t refused_unauthenticated = 0;
 };
 
 class handshake_server {

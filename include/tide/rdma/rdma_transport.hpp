@@ -28,6 +28,7 @@
 #include <tide/topology/hca.hpp>
 #include <tide/topology/priority_matrix.hpp>
 #include <tide/transfer.hpp>
+#include <tide/wire/address.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -225,6 +226,16 @@ class rdma_transport {
   mutable std::shared_mutex local_mu_;
   std::vector<std::unique_ptr<local_buffer>> local_;  ///< sorted by addr
   std::uint32_t next_buffer_id_ = 0;                  ///< under local_mu_
+  std::uint64_t local_gen_ = 0;                       ///< under local_mu_: bumped by every change of local_
+
+  // Snapshot and store write happen under one mutex, so an older snapshot is
+  // never stored after a newer one (review turn 3, finding 7).
+  std::mutex publish_mu_;
+  std::uint64_t published_gen_ = ~std::uint64_t{0};  ///< under publish_mu_: local_gen_ of the last stored snapshot
+  /// Under publish_mu_: unregistered buffers whose MRs deregister once a
+  /// descriptor without them has been published (a peer reading the store
+  /// in between would get rkeys that no longer exist).
+  std::vector<std::unique_ptr<local_buffer>> withdrawn_;
 
   mutable std::shared_mutex seg_mu_;
   std::vector<std::unique_ptr<segment_slot>> segments_;  ///< by segment_id
@@ -240,8 +251,6 @@ class rdma_transport {
   std::vector<const plan::rail_map*> rail_maps_;
   std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
 
-  std::mutex identity_mu_;
-  std::unordered_map<std::string, std::string> peer_identity_;  ///< endpoint path -> authenticated peer
 };
 
 }  // namespace tide::rdma

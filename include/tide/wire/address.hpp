@@ -39,4 +39,12 @@ struct nic_path {
 /// '@' or either side is empty.
 [[nodiscard]] result<nic_path> split_nic_path(std::string_view path);
 
+/// With a cluster secret, what a peer's authenticated identity (its segment
+/// name, bound by the request MAC) may claim: only NIC paths whose server
+/// part is that identity, so one member cannot connect, re-handshake or
+/// lock out another's endpoints under the other's name.  Errors:
+/// errc::auth_failed naming both (a path that is not <server>@<device> is
+/// invalid_argument).
+[[nodiscard]] status check_peer_identity(std::string_view identity, std::string_view nic_path);
+
 }  // namespace tide::wire

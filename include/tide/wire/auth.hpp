@@ -34,7 +34,9 @@
 /// auth_failed instead of waiting.
 ///
 /// Keys: K_mac = HMAC-SHA256(secret, "tide-auth-v1/mac"),
-///       K_seal = HMAC-SHA256(secret, "tide-auth-v1/seal") (seal.hpp).
+///       K_seal = HMAC-SHA256(secret, "tide-auth-v1/seal") (seal.hpp),
+///       K_desc = HMAC-SHA256(secret, "tide-auth-v1/descriptor") (the
+///       descriptor MACs of seal.hpp; a key of its own, not the AES key).
 /// The secret is a file of at least 32 random bytes (e.g.
 /// `head -c 32 /dev/urandom > s && chmod 600 s`), used byte for byte;
 /// a file readable by group or others is refused.  Only the derived keys
@@ -82,11 +84,13 @@ class cluster_secret {
 
   [[nodiscard]] const key256& mac_key() const noexcept { return mac_key_; }
   [[nodiscard]] const key256& seal_key() const noexcept { return seal_key_; }
+  [[nodiscard]] const key256& descriptor_key() const noexcept { return desc_key_; }
 
  private:
   cluster_secret() = default;
   key256 mac_key_{};
   key256 seal_key_{};
+  key256 desc_key_{};
 };
 
 /// 16 bytes from RAND_bytes.  Errors: errc::auth_failed when the RNG fails.

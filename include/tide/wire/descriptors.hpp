@@ -37,7 +37,14 @@ namespace tide {
 
 namespace wire {
 class cluster_secret;
+class seal_cache;
 }
+
+/// Most devices a segment descriptor may list (the path selector considers
+/// 64 peer devices) and most buffers; decoders refuse more before any
+/// per-element work.
+inline constexpr std::size_t kMaxSegmentDevices = 64;
+inline constexpr std::size_t kMaxSegmentBuffers = std::size_t{1} << 20;
 
 /// What peers may do to a registered buffer.  The MR's access flags follow
 /// it (remote_read: REMOTE_READ only; local_only: no remote flag, and the
@@ -147,7 +154,8 @@ struct notify_desc {
 };
 
 /// Checks a segment descriptor as decode_segment does: non-empty name and
-/// protocol; device names non-empty and unique; every buffer named, addr != 0,
+/// protocol; at most kMaxSegmentDevices devices and kMaxSegmentBuffers
+/// buffers (checked first); device names non-empty and unique; every buffer named, addr != 0,
 /// length != 0, no wrap-around past 2^64, no two buffers overlapping; for
 /// protocol "rdma" lkey and rkey have one entry per device (other protocols:
 /// when rkey is non-empty).  Errors: errc::metadata_malformed naming the field.
@@ -159,17 +167,30 @@ struct notify_desc {
 /// With `seal` (a cluster secret), every buffer's addr, rkey and lkey are
 /// replaced by one "sealed" field (wire/seal.hpp): readers of the metadata
 /// store learn names, lengths and access, never an address or a key.
+/// With `seal` the descriptor also carries "mac": {"header", "devices",
+/// "priority_matrix", "buffers"}, HMACs under K_desc of everything else
+/// (wire/seal.hpp descriptor_mac), so a store writer without the secret can
+/// change no field: not where handshakes go (rdma_server_name), not the
+/// GIDs, not which id names which buffer.
+/// With `cache`, buffers equal to ones sealed by an earlier call keep their
+/// blob (wire::seal_cache): a publish seals only what changed.
 /// Errors only with `seal`, when the cipher fails: errc::auth_failed.
 [[nodiscard]] std::string encode_segment(const segment_desc& desc);
 [[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal);
+[[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal,
+                                                 wire::seal_cache* cache);
 /// Parses and validates.  Unknown fields are ignored.  Required: name,
 /// protocol, buffers, and for "rdma" devices and priority_matrix; optional:
 /// timestamp, tcp_data_port, tcp_proto_version (default 1), rdma_server_name,
 /// and per buffer access.  Without `seal` a sealed buffer is
 /// metadata_malformed ("buffers[i].sealed: ... configure auth_secret_file");
 /// with it every buffer must be sealed (an unsealed one, which anyone who can
-/// write the store could have put there, is metadata_malformed) and one that
-/// fails to open is metadata_malformed "buffers[i].sealed: authentication failed ...".
+/// write the store could have put there, is metadata_malformed), one that
+/// fails to open is metadata_malformed "buffers[i].sealed: authentication
+/// failed ...", and a missing or wrong MAC is metadata_malformed naming its
+/// section ("mac.devices: does not verify: ...").  Sealed or not, a buffer's
+/// "id" is kept.  More than kMaxSegmentDevices devices or kMaxSegmentBuffers
+/// buffers is refused before they are read.
 [[nodiscard]] result<segment_desc> decode_segment(std::string_view json);
 [[nodiscard]] result<segment_desc> decode_segment(std::string_view json, const wire::cluster_secret* seal);
 

@@ -135,9 +135,16 @@ std::vector<std::uint16_t> free_loopback_ports(std::size_t n) {
   return ports;
 }
 
-raw_client::raw_client(std::uint16_t port) {
+raw_client::raw_client(std::uint16_t port, const char* source) {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd_ >= 0);
+  if (source != nullptr) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    REQUIRE(::inet_pton(AF_INET, source, &from.sin_addr) == 1);
+    REQUIRE_MESSAGE(::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0,
+                    "bind to " << source << ": " << std::strerror(errno));
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -64,7 +64,9 @@ class temp_dir {
 /// A blocking TCP client socket for feeding bad input to servers.
 class raw_client {
  public:
-  explicit raw_client(std::uint16_t port);  // connects to 127.0.0.1:port (CHECKs success)
+  /// Connects to 127.0.0.1:port (REQUIREs success), from `source` when given
+  /// (any 127.x.y.z: the whole 127/8 is loopback).
+  explicit raw_client(std::uint16_t port, const char* source = nullptr);
   ~raw_client();
   raw_client(const raw_client&) = delete;
   raw_client& operator=(const raw_client&) = delete;

@@ -90,6 +90,7 @@ rdma_transport<P>::~rdma_transport() {
   // afterwards), then the MRs, then the PDs and devices.
   for (auto& c : contexts_) c->shutdown();
   local_.clear();
+  withdrawn_.clear();
   contexts_.clear();
 }
 
@@ -128,6 +129,7 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
       return fail(errc::resource_exhausted, "register_memory: all 2^32-1 buffer ids of this engine are used");
     b->id = next_buffer_id_++;
     local_.insert(it, std::move(b));
+    ++local_gen_;
   }
   return do_publish ? publish() : status{};
 }
@@ -184,8 +186,14 @@ status rdma_transport<P>::unregister_memory(void* addr, bool do_publish, in_flig
     auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& x) { return x.get() == b; });
     gone = std::move(*it);
     local_.erase(it);
+    ++local_gen_;
   }
-  gone.reset();  // the MRs deregister here, with no WR left that uses them
+  {
+    // No WR of ours uses the MRs any more; they deregister in the next
+    // publish, after the descriptor without them is stored.
+    std::lock_guard lock(publish_mu_);
+    withdrawn_.push_back(std::move(gone));
+  }
   return do_publish ? publish() : status{};
 }
 
@@ -241,7 +249,22 @@ segment_desc rdma_transport<P>::local_segment() const {
 
 template <class P>
 status rdma_transport<P>::publish() {
-  return publish_ ? publish_(local_segment()) : status{};
+  std::lock_guard lock(publish_mu_);
+  std::uint64_t gen = 0;
+  {
+    std::shared_lock local_lock(local_mu_);
+    gen = local_gen_;
+  }
+  status r{};
+  // A concurrent publish may already have stored this state (or a newer one).
+  if (gen != published_gen_ && publish_) {
+    r = publish_(local_segment());
+    if (r) published_gen_ = gen;
+  }
+  // Whether or not the store took it: the caller of unregister_memory owns
+  // the memory again when it returns.
+  withdrawn_.clear();
+  return r;
 }
 
 template <class P>

@@ -16,14 +16,12 @@ handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::str
     r.reply_msg = std::move(why);
     return r;
   };
-  // Identity binding (cluster secret set): the first authenticated peer to
-  // connect an endpoint path owns it; another identity may not re-handshake it.
-  if (!peer_identity.empty()) {
-    std::lock_guard lock(identity_mu_);
-    auto [it, fresh] = peer_identity_.try_emplace(req.local_nic_path, peer_identity);
-    if (!fresh && it->second != peer_identity)
-      return reject("Invalid argument: endpoint " + req.local_nic_path + " belongs to another authenticated peer");
-  }
+  // Identity binding (cluster secret set): a peer connects only its own NIC
+  // paths.  A first-come ownership map let any member claim a victim's path
+  // first (review turn 3, finding 14).
+  if (!peer_identity.empty())
+    if (auto ok = wire::check_peer_identity(peer_identity, req.local_nic_path); !ok)
+      return reject("Invalid argument: " + ok.error().detail);
   for (auto& c : contexts_) {
     if (c->name() != nic) continue;
     // A ready ack carries no GID the passive side needs; only connects do.

@@ -1,0 +1,133 @@
+// What registering memory costs: N buffers (1 GiB in total) registered one
+// at a time through the engine (each call publishes the descriptor), beside
+// ibv_reg_mr of the same buffers alone, without and with the cluster secret.
+// Registration must scale with N (review turn 3, finding 20): each publish
+// seals only the new buffer, and the rest of the work per publish is the
+// descriptor's JSON (printed, per buffer, so the growth shows).
+//   tide-registration DEVICE [--counts 1,100,10000] [--total-mib 1024] [--secret FILE]
+#include <tide/engine.hpp>
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+// ibv_reg_mr of every piece on `device`, then ibv_dereg_mr; the registration time in ms.
+double verbs_only(const std::string& device, char* base, std::size_t piece, std::size_t count) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ibv_context* ctx = nullptr;
+  for (int i = 0; i < n && ctx == nullptr; ++i)
+    if (device == ibv_get_device_name(list[i])) ctx = ibv_open_device(list[i]);
+  ibv_free_device_list(list);
+  if (ctx == nullptr) return -1;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  std::vector<ibv_mr*> mrs;
+  mrs.reserve(count);
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < count; ++i) {
+    ibv_mr* mr = ibv_reg_mr(pd, base + i * piece, piece,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    if (mr == nullptr) break;
+    mrs.push_back(mr);
+  }
+  const double took = mrs.size() == count ? ms_since(t0) : -1;
+  for (ibv_mr* mr : mrs) ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return took;
+}
+
+struct engine_times {
+  double reg_ms = -1;
+  double unreg_ms = -1;
+};
+
+engine_times through_engine(const std::string& device, const std::string& secret, char* base, std::size_t piece,
+                            std::size_t count) {
+  tide::engine_config cfg;
+  cfg.local_server_name = "127.0.0.1";
+  cfg.devices = {device};
+  cfg.auth_secret_file = secret;
+  auto e = tide::transfer_engine<>::create(cfg);
+  if (!e) {
+    std::fprintf(stderr, "create: %s\n", e.error().message().c_str());
+    return {};
+  }
+  engine_times t;
+  auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < count; ++i) {
+    if (auto r = (*e)->register_memory(base + i * piece, piece, "cpu:0"); !r) {
+      std::fprintf(stderr, "register %zu: %s\n", i, r.error().message().c_str());
+      return t;
+    }
+  }
+  t.reg_ms = ms_since(t0);
+  t0 = clock_type::now();
+  for (std::size_t i = 0; i < count; ++i) (void)(*e)->unregister_memory(base + i * piece);
+  t.unreg_ms = ms_since(t0);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: tide-registration DEVICE [--counts 1,100,10000] [--total-mib 1024] [--secret FILE]\n");
+    return 2;
+  }
+  const std::string device = argv[1];
+  std::vector<std::size_t> counts{1, 100, 10000};
+  std::size_t total = std::size_t{1024} << 20;
+  std::string secret;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--counts") {
+      counts.clear();
+      for (std::size_t at = 0; at < value.size();) {
+        const std::size_t comma = value.find(',', at);
+        counts.push_back(std::stoul(value.substr(at, comma - at)));
+        at = comma == std::string::npos ? value.size() : comma + 1;
+      }
+    } else if (flag == "--total-mib") {
+      total = std::stoul(value) << 20;
+    } else if (flag == "--secret") {
+      secret = value;
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  char* base = static_cast<char*>(std::aligned_alloc(4096, total));
+  if (base == nullptr) return std::fprintf(stderr, "cannot allocate %zu bytes\n", total), 1;
+  std::memset(base, 0, total);  // touched once, so no run pays the first faults
+  std::printf("%-8s %-10s %14s %14s %14s %16s %16s\n", "buffers", "each", "ibv_reg_mr ms", "tide ms",
+              "tide+secret ms", "tide us/buffer", "+secret us/buf");
+  int status = 0;
+  for (const std::size_t n : counts) {
+    const std::size_t piece = total / n / 4096 * 4096;
+    if (piece == 0) return std::fprintf(stderr, "%zu buffers do not fit in %zu bytes\n", n, total), 2;
+    const double verbs = verbs_only(device, base, piece, n);
+    const engine_times plain = through_engine(device, "", base, piece, n);
+    const engine_times sealed = secret.empty() ? engine_times{} : through_engine(device, secret, base, piece, n);
+    if (verbs < 0 || plain.reg_ms < 0 || (!secret.empty() && sealed.reg_ms < 0)) status = 1;
+    std::printf("%-8zu %-10s %14.1f %14.1f %14.1f %16.1f %16.1f\n", n,
+                (std::to_string(piece >> 10) + " KiB").c_str(), verbs, plain.reg_ms, sealed.reg_ms,
+                plain.reg_ms * 1000 / static_cast<double>(n), sealed.reg_ms * 1000 / static_cast<double>(n));
+    std::fflush(stdout);
+  }
+  std::free(base);
+  return status;
+}
