@@ -105,31 +105,64 @@ class lane {
     return {};
   }
 
-  /// Stops and joins the thread (it drains first, bounded).  Idempotent.
+  /// Stops and joins the thread (it drains first, bounded), then retires
+  /// what reached the queue after the thread's last look and answers the
+  /// mail it left.  From then on submit() retires and send() answers at
+  /// once (review turn 3, finding 2).  The idle strategy stays until the
+  /// lane is destroyed: a late wake() must find it.  Idempotent.
   void stop() noexcept {
     if (running_.exchange(false, std::memory_order_acq_rel)) {
       idle_->wake();
       if (thread_.joinable()) thread_.join();
     }
-    if (idle_ && cq_) idle_->detach(cq_->native_handle());
-    idle_.reset();
+    std::vector<lane_message> left;
+    {
+      std::lock_guard lock(mail_mu_);
+      closed_.store(true, std::memory_order_release);
+      left.swap(mail_);
+      has_mail_.store(false, std::memory_order_relaxed);
+    }
+    for (auto& m : left) answer_closed(m);
+    retire_chain(queue_.take_all(), errc::endpoint_closed);
+    if (idle_ && cq_ && !detached_) {
+      idle_->detach(cq_->native_handle());
+      detached_ = true;
+    }
   }
 
-  /// Queues the chain first..last (linked by next) and wakes the lane.
-  /// Hot path, any thread: one CAS plus the idle wake (a relaxed load, or
-  /// a futex/eventfd write when the lane sleeps).
+  /// Queues the chain first..last (linked by next) and wakes the lane; once
+  /// the lane has stopped, retires the chain instead (endpoint_closed).
+  /// Hot path, any thread: one load and one CAS plus the idle wake (a
+  /// relaxed load, or a futex/eventfd write when the lane sleeps).  The
+  /// transport stops retrying before it stops any lane, so nothing submits
+  /// while stop() runs.
   void submit(detail::slice* first, detail::slice* last) noexcept {
+    // acquire: pairs with the release store in stop().
+    if (closed_.load(std::memory_order_acquire)) [[unlikely]] {
+      last->next = nullptr;
+      retire_chain(first, errc::endpoint_closed);
+      return;
+    }
     queue_.push(first, last);
     idle_->wake();
   }
 
-  /// Queues a control message and wakes the lane.  Any thread.
+  /// Queues a control message and wakes the lane; once the lane has
+  /// stopped, answers it at once (a connect fails).  Any thread.
   void send(lane_message m) {
+    bool queued = false;
     {
       std::lock_guard lock(mail_mu_);
-      mail_.push_back(std::move(m));
-      // release: pairs with the acquire load in pass().
-      has_mail_.store(true, std::memory_order_release);
+      if (!closed_.load(std::memory_order_relaxed)) {
+        mail_.push_back(std::move(m));
+        // release: pairs with the acquire load in pass().
+        has_mail_.store(true, std::memory_order_release);
+        queued = true;
+      }
+    }
+    if (!queued) {
+      answer_closed(m);
+      return;
     }
     idle_->wake();
   }
@@ -146,6 +179,24 @@ class lane {
     detail::slice* tail = nullptr;
     handle ep;
   };
+
+  // A message for a lane that has stopped: a connect fails, the hold ends.
+  static void answer_closed(lane_message& m) noexcept {
+    if (m.latch) m.latch->arrive(status{fail(error{errc::endpoint_closed, {}})});
+    if (m.ep != nullptr) m.ep->release();
+    m.ep = nullptr;
+    m.latch.reset();
+  }
+
+  // Retires every WR of a chain linked by next (the lane has stopped).
+  static void retire_chain(detail::slice* s, errc why) noexcept {
+    while (s != nullptr) {
+      detail::slice* next = s->next;
+      s->next = nullptr;
+      detail::retire_wr(*s, why);
+      s = next;
+    }
+  }
 
   static void bind_to_node(int node) noexcept {
     if (node < 0 || numa_available() < 0) return;
@@ -487,6 +538,9 @@ class lane {
   std::uint32_t cq_capacity_ = 1;
   std::uint32_t cq_used_ = 0;  ///< WRs posted on this CQ's QPs, not yet retired
   std::atomic<bool> running_{false};
+  /// Set once by stop() (under mail_mu_) after the thread is gone.
+  std::atomic<bool> closed_{false};
+  bool detached_ = false;  ///< stop() detached the idle strategy from cq_
   std::thread thread_;
   alignas(64) detail::slice_queue queue_;
   alignas(64) std::atomic<bool> has_mail_{false};

@@ -90,6 +90,12 @@ class rdma_transport {
   rdma_transport(const rdma_transport&) = delete;
   rdma_transport& operator=(const rdma_transport&) = delete;
   ~rdma_transport();
+  /// Phase one of teardown (the destructor runs it): no retry from now on,
+  /// every context inactive, then each shuts down (its lanes flush and
+  /// drain, bounded).  Afterwards every submitted task is final and no WR
+  /// touches memory; a later submit ends its tasks FAILED.  Idempotent;
+  /// setup path, not concurrent with other calls of this transport.
+  void shutdown() noexcept;
 
   // ---- local memory (setup path; any thread) ----
   /// Registers [addr, addr+len) on every context with location tag
@@ -236,6 +242,9 @@ class rdma_transport {
   /// transport lives (slices point at them); a replaced one stays in rail_map_store_.
   std::vector<const plan::rail_map*> rail_maps_;
   std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
+
+  /// shutdown() began: on_failed retires instead of retrying.
+  std::atomic<bool> stopping_{false};
 
   std::mutex identity_mu_;
   std::unordered_map<std::string, std::string> peer_identity_;  ///< endpoint path -> authenticated peer

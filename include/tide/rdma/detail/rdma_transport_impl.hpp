@@ -85,10 +85,21 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
 }
 
 template <class P>
+void rdma_transport<P>::shutdown() noexcept {
+  // Retries stop first, and every context turns inactive before any of them
+  // shuts down: a slice flushed while the lanes drain is retired, never
+  // handed to a lane (of this context or another) that has stopped or is
+  // about to (review turn 3, finding 2).
+  stopping_.store(true, std::memory_order_release);
+  for (auto& c : contexts_) c->begin_stop();
+  for (auto& c : contexts_) c->shutdown();
+}
+
+template <class P>
 rdma_transport<P>::~rdma_transport() {
   // Workers stop and endpoints go first (nothing touches batches or MRs
   // afterwards), then the MRs, then the PDs and devices.
-  for (auto& c : contexts_) c->shutdown();
+  shutdown();
   local_.clear();
   contexts_.clear();
 }

@@ -212,6 +212,12 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
 template <class P>
 void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   detail::release_charge(s, true);
+  // Teardown: the lanes are stopping one by one, so no retry may go to any
+  // of them (acquire: pairs with the release store in shutdown()).
+  if (stopping_.load(std::memory_order_acquire)) [[unlikely]] {
+    detail::retire_wr(s, e);
+    return;
+  }
   const std::int64_t now_us = plan::steady_now_us();
   if (s.rail != nullptr && plan::counts_against_rail(e) && s.rail->fail(now_us, rails_.config())) [[unlikely]] {
     const auto snap = s.rail->snapshot();
