@@ -339,6 +339,15 @@ TEST_CASE("bad input: a specific errc each") {
   CHECK(a->unregister_memory(unreg.data).error().code == tide::errc::not_registered);
   CHECK(a->open_segment("127.0.0.1:1").error().group() == tide::errc_group::metadata);
   CHECK(a->close_segment(12345).error().code == tide::errc::unknown_segment);
+  // Review turn 3, findings 19 and 13: a batch far beyond memory, and a
+  // submit to a canceled batch (whose tasks used to end CANCELED unasked).
+  CHECK(a->allocate_batch(300'000'000).error().code == tide::errc::batch_too_large);
+  auto canceled = a->allocate_batch(1).value();
+  REQUIRE(a->cancel(canceled));
+  auto late = transfer_request::at_address(transfer_op::write, la.data, seg, remote, 64);
+  CHECK(a->submit(canceled, {&late, 1}).error().code == tide::errc::canceled);
+  CHECK(a->batch_status(canceled).value().state == transfer_state::waiting);
+  CHECK(a->free_batch(canceled));
 }
 
 TEST_CASE("several threads submit batches at once; notifications both ways") {

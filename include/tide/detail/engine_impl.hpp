@@ -197,6 +197,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.transfer_timeout = e->cfg_.transfer_timeout;
   tc.custom_topology_json = e->cfg_.custom_topology_json;
   tc.max_batches = e->cfg_.max_batches;
+  tc.max_tasks_per_batch = e->cfg_.max_tasks_per_batch;
   tc.max_wrs_write = e->cfg_.max_wrs_write;
   tc.max_wrs_read = e->cfg_.max_wrs_read;
   tc.coalesce = e->cfg_.coalesce_requests;

@@ -54,6 +54,7 @@ struct transport_config {
   std::chrono::milliseconds transfer_timeout{30000};
   std::string custom_topology_json;    ///< a priority matrix to use instead of the sysfs scan
   std::size_t max_batches = 4096;      ///< batches alive at once
+  std::size_t max_tasks_per_batch = batch_table::kDefaultMaxTasks;  ///< allocate_batch's cap
   std::uint32_t max_wrs_write = 32;    ///< WRs per WRITE request before its slices grow (plan/slice_planner.hpp)
   std::uint32_t max_wrs_read = 64;     ///< WRs per READ request before its slices grow
   std::uint64_t max_msg_size = 1u << 30;  ///< no WR longer (the devices' max_msg_sz when smaller)

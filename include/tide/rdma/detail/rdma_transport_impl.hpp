@@ -16,7 +16,7 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   if (cfg.fragment_limit > cfg.slice_size)
     return fail(errc::config_invalid, "fragment_limit must be <= slice_size");
   if (cfg.max_retry > 64) return fail(errc::config_invalid, "max_retry must be <= 64");
-  auto batches = batch_table::create(cfg.max_batches);
+  auto batches = batch_table::create(cfg.max_batches, cfg.max_tasks_per_batch);
   if (!batches) return fail(batches.error());
   std::unique_ptr<rdma_transport> t(new rdma_transport(cfg));
   t->batches_ = std::move(*batches);
@@ -349,6 +349,9 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
   if (!batch_table::still(*b, id)) return fail(errc::unknown_batch, "submit: batch " + std::to_string(id) + " was freed");
+  // Its tasks would be dropped as CANCELED without a word (finding 13).
+  if (b->canceled.load(std::memory_order_acquire))
+    return fail(errc::canceled, "submit: batch " + std::to_string(id) + " was canceled; free it and allocate another");
   const std::size_t used = b->used.load(std::memory_order_relaxed);
   if (requests.size() > b->capacity - used)
     return fail(errc::batch_full, "submit: " + std::to_string(requests.size()) + " request(s) but the batch has room for " +
