@@ -233,6 +233,9 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
     expire(*b);
     lock.lock();
   }
+  // Freed (and perhaps handed out again, with nothing pending) since the
+  // lookup: that is not this batch ending (review turn 3, finding 21).
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
   return {};
 }
 

@@ -439,3 +439,47 @@ TEST_CASE("batch_table: cancels of a batch being freed never reach its next owne
   CHECK(stray.load() == 0);
 }
 
+// Review turn 3, finding 21: wait() re-checked the id only while tasks were
+// unfinished, so a wait on an id freed (and handed out again, with nothing
+// pending) after its lookup returned ok.  The window is held open with the
+// batch's wait mutex, which wait takes after its lookup.
+TEST_CASE("batch_table: wait on an id freed and reallocated meanwhile is unknown_batch, not ok") {
+  auto t = make_table(1);
+  const batch_id old_id = t->allocate(2).value();
+  auto* b = t->lookup(old_id);
+  REQUIRE(b != nullptr);
+  status waited;
+  std::thread waiter;
+  {
+    std::unique_lock wait_mu(b->mu);
+    waiter = std::thread([&] { waited = t->wait(old_id, std::chrono::seconds(5)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (void)recycle_in_place(*b, old_id);
+  }
+  waiter.join();
+  REQUIRE_FALSE(waited);
+  CHECK(waited.error().code == errc::unknown_batch);
+}
+
+// Review turn 3, finding 21: a task whose every slice arrived was reported
+// TIMEOUT when its deadline passed first, so a caller redid a transfer whose
+// bytes were there.
+TEST_CASE("a task past its deadline whose slices all succeeded is COMPLETED; one with a dropped slice TIMEOUT") {
+  auto t = make_table(1);
+  const batch_id id = t->allocate(2).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 2, 2, std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  t->expire(*b);
+  REQUIRE(b->tasks[0].stop.load() == transfer_state::timeout);
+  for (auto& s : b->tasks[0].slices) rdma::detail::retire_slice(s, errc::ok);
+  rdma::detail::retire_slice(b->tasks[1].slices[0], errc::ok);
+  rdma::detail::retire_slice(b->tasks[1].slices[1], errc::timed_out);  // dropped before posting
+  const auto s0 = t->task_status(id, 0).value();
+  CHECK(s0.state == transfer_state::completed);
+  CHECK(s0.transferred_bytes == 20);
+  const auto s1 = t->task_status(id, 1).value();
+  CHECK(s1.state == transfer_state::timeout);
+  CHECK(s1.reason == errc::timed_out);
+  CHECK(t->free(id));
+}

@@ -315,14 +315,24 @@ status rdma_transport<P>::quiesce_segment(segment_id id, in_flight mode) noexcep
 template <class P>
 void rdma_transport<P>::drop_segment(segment_id id) {
   std::shared_ptr<const remote_segment> old;
+  std::vector<const std::string*> unused;  // paths of `old` no other open segment has
   {
     std::unique_lock lock(seg_mu_);
     if (id < segments_.size()) old = std::move(segments_[id]->view);
+    if (old)
+      for (const auto& path : old->nic_paths) {
+        // Another open segment with the same rdma_server_name reaches the
+        // same NICs: closing this one must not flush its traffic (finding 21).
+        bool shared = false;
+        for (std::size_t j = 0; j < segments_.size() && !shared; ++j)
+          if (const auto& v = segments_[j]->view; v)
+            shared = std::find(v->nic_paths.begin(), v->nic_paths.end(), path) != v->nic_paths.end();
+        if (!shared) unused.push_back(&path);
+      }
   }
   // Its endpoints go too (those with work in flight drain first).
-  if (old)
-    for (auto& c : contexts_)
-      for (const auto& path : old->nic_paths) c->close_endpoint(path);
+  for (auto& c : contexts_)
+    for (const std::string* path : unused) c->close_endpoint(*path);
 }
 
 // ---------------------------------------------------------------- batches
