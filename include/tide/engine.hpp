@@ -77,6 +77,9 @@ struct engine_config {
   std::chrono::milliseconds metadata_timeout{3000};
   std::chrono::milliseconds handshake_connect_timeout{5000};
   std::chrono::milliseconds handshake_timeout{30000};
+  /// How long an accepted connection waits for the peer's ready ack; past
+  /// it the connection is used anyway, and may be evicted.
+  std::chrono::milliseconds ready_ack_timeout{10000};
   /// The handshake listener's bind address (env TIDE_HANDSHAKE_BIND).
   /// "0.0.0.0" (Mooncake's INADDR_ANY) lets every host that routes here
   /// reach it; bind the RDMA network's interface address to keep it off

@@ -534,6 +534,96 @@ TEST_CASE("an engine destroyed with ~1000 WRs in flight: no crash, bounded") {
   CHECK(took < 20s);
 }
 
+// A Connection request as a peer at `from` would send to `ctx` (QP numbers
+// made up: the QPs it asks for are moved to RTS and never used).
+template <class Ctx>
+tide::handshake_desc fake_connect(Ctx& ctx, std::string from, std::uint32_t qp_base) {
+  tide::handshake_desc d;
+  d.local_nic_path = std::move(from);
+  d.peer_nic_path = ctx.nic_path();
+  tide::gid_bytes g;
+  g.raw = ctx.gid().raw;
+  d.local_gid = g;
+  d.qp_num = {qp_base, qp_base + 1};
+  d.psn = std::vector<std::uint32_t>{7, 8};
+  d.mtu = 1024;
+  d.ready_ack = false;  // announces the ack that never comes
+  return d;
+}
+
+// Review turn 3, finding 3: an endpoint accepted with ready_ack stayed pinned
+// (connected_wait_ready_ack) until the ack came; a peer that crashed before
+// acking, or a stranger that never meant to, held two RTS QPs and a store
+// slot for good, and the store grew past its capacity.
+TEST_CASE("accepted connections whose ready ack never comes become evictable after ready_ack_timeout") {
+  const auto devs = devices_under_test();
+  auto cfg = config_for({devs[0]});
+  cfg.endpoint_capacity = 1;
+  cfg.ready_ack_timeout = 1500ms;
+  auto a = make_engine({}, cfg);
+  auto& ctx = a->transport().context(0);
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    auto r = tide::net::exchange_handshake(
+        "127.0.0.1", a->handshake_port(), fake_connect(ctx, "127.0.0.77:" + std::to_string(k + 1) + "@fake0", 0x100 + 2 * k));
+    REQUIRE(r);
+    CHECK_MESSAGE(r->reply_msg.empty(), r->reply_msg);
+  }
+  // Waiting for their acks they are pinned: the store is past its capacity.
+  CHECK(ctx.live_endpoints() == 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (ctx.live_endpoints() > 1 && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::sleep_for(50ms);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  MESSAGE("back to capacity after " << took.count() << " ms");
+  CHECK(ctx.live_endpoints() == 1);
+  CHECK(took >= 1000ms);  // not before the ack was due
+}
+
+// Review turn 3, finding 15: accept looked up (made, evicting if full) the
+// endpoint for a request before checking it, so a stream of bad connects
+// with fresh paths evicted idle connections real peers still used.
+TEST_CASE("bad connects are refused before any endpoint is made: the idle good endpoint stays") {
+  const auto devs = devices_under_test();
+  auto cfg = config_for({devs[0]});
+  cfg.endpoint_capacity = 1;
+  auto a = make_engine({}, cfg);
+  auto b = make_engine({devs[1]});
+  buffer la(1u << 20), lb(1u << 20);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const auto remote = reinterpret_cast<std::uint64_t>(lb.data);
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg, remote, la.size)));
+  auto& ctx = a->transport().context(0);
+  const std::string good = b->segment_name() + "@" + devs[1];
+  auto h = ctx.find_endpoint(good);
+  REQUIRE(h);
+  const auto* before = h.get();
+  h.reset();
+  const auto created = ctx.stats().endpoints_created;
+  std::vector<std::pair<const char*, tide::handshake_desc>> bad;
+  bad.emplace_back("three QPs", fake_connect(ctx, "127.0.0.78:1@fake0", 0x200));
+  bad.back().second.qp_num.push_back(0x202);
+  bad.back().second.psn->push_back(9);
+  bad.emplace_back("all-zero GID", fake_connect(ctx, "127.0.0.78:2@fake0", 0x210));
+  bad.back().second.local_gid = tide::gid_bytes{};
+  bad.emplace_back("path without @", fake_connect(ctx, "127.0.0.78:3", 0x220));
+  bad.emplace_back("QP number 0", fake_connect(ctx, "127.0.0.78:4@fake0", 0));
+  bad.emplace_back("PSNs for other QPs", fake_connect(ctx, "127.0.0.78:5@fake0", 0x240));
+  bad.back().second.psn->push_back(9);
+  for (auto& [what, d] : bad) {
+    auto r = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), d);
+    REQUIRE_MESSAGE(!r, what << " was accepted");
+    CHECK(r.error().code == tide::errc::handshake_rejected);
+    MESSAGE(what << ": " << r.error().detail);
+  }
+  CHECK(ctx.stats().endpoints_created == created);
+  h = ctx.find_endpoint(good);
+  CHECK(h.get() == before);
+  h.reset();
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg, remote, la.size)));
+  CHECK(ctx.stats().endpoints_created == created);
+}
+
 TEST_CASE("endpoint capacity 2 with four peers in flight: no failure, evicted endpoints drained") {
   const auto devs = devices_under_test();
   auto cfg = config_for({devs[0]});

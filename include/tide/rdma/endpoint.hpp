@@ -188,12 +188,26 @@ class endpoint {
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
   /// The store passes over it when choosing a victim: a handshake is in
   /// flight, or WRs / lane messages are outstanding (evicting it would throw
-  /// that work away and make the next insert start over).  Any thread.
+  /// that work away and make the next insert start over).  A ready ack past
+  /// its deadline no longer pins: a peer that crashed before its ack, or
+  /// whose ack was lost, must not hold two RTS QPs and a store slot for
+  /// good (review turn 3, finding 3).  Any thread.
   [[nodiscard]] bool pinned() const noexcept {
     const auto st = state();
-    return st == endpoint_state::connecting || st == endpoint_state::establishing ||
-           st == endpoint_state::connected_wait_ready_ack || outstanding() != 0;
+    if (st == endpoint_state::connected_wait_ready_ack && !ack_overdue()) return true;
+    return st == endpoint_state::connecting || st == endpoint_state::establishing || outstanding() != 0;
   }
+  /// True once the ready ack's deadline has passed.  Any thread.
+  [[nodiscard]] bool ack_overdue() const noexcept {
+    return std::chrono::steady_clock::now().time_since_epoch().count() >=
+           ack_deadline_ns_.load(std::memory_order_acquire);
+  }
+  /// Checks a Connection request before any endpoint is made or evicted for
+  /// it (review turn 3, finding 15): the sender's path is "<server>@<nic>",
+  /// it has `num_qp` QP numbers (24-bit, non-zero) and PSNs to match, and a
+  /// GID that is not all zero.  Errors: qp_count_mismatch,
+  /// handshake_rejected naming the field.  Any thread.
+  [[nodiscard]] static status check_request(const handshake_desc& req, std::uint32_t num_qp);
 
   /// endpoint_store's hook when the entry leaves the map: state destroying,
   /// every lane gets "QP i to ERR" (in-flight WRs flush, then the store
