@@ -534,6 +534,84 @@ TEST_CASE("an engine destroyed with ~1000 WRs in flight: no crash, bounded") {
   CHECK(took < 20s);
 }
 
+// in_process metadata that counts descriptor lookups and can be made slow
+// (a peer whose metadata round trip takes long).
+struct counting_store : tide::policy::in_process {
+  static constexpr std::string_view kName = "counting_in_process";
+  using in_process::in_process;
+  static inline std::atomic<int> gets{0};
+  static inline std::atomic<int> delay_ms{0};
+  tide::result<std::string> get_segment(std::string_view name) {
+    ++gets;
+    if (const int d = delay_ms.load(); d > 0) std::this_thread::sleep_for(std::chrono::milliseconds(d));
+    return in_process::get_segment(name);
+  }
+};
+struct counting_policies : tide::default_policies {
+  using metadata = counting_store;
+};
+
+// Review turn 3, finding 8: submit's forced refresh ran per request, with the
+// local buffer table locked (register/unregister stalled behind a metadata
+// round trip), and each refresh kept a new rail map for the engine's life.
+TEST_CASE("forced refresh: once per target per submit, without the local table locked; no rail map per refresh") {
+  const auto devs = devices_under_test();
+  auto ca = config_for({devs[0]});
+  ca.metadata = "";
+  auto cb = config_for({devs[1]});
+  cb.metadata = "";
+  auto a = tide::test::make_engine<counting_policies>(ca);
+  auto b = tide::test::make_engine<counting_policies>(cb);
+  constexpr std::size_t kPiece = 4096, kCount = 32;
+  buffer la(2 * kCount * kPiece), lb(1u << 20), lb2(kCount * kPiece);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const std::size_t maps = a->transport().rail_maps_kept();
+  // Registered after a read the descriptor: request 0 needs a refresh, the
+  // other 31 are served by it; request 32 names an id the refresh lacks too.
+  REQUIRE(b->register_memory(lb2.data, lb2.size));
+  const std::uint32_t id2 = b->buffer_id(lb2.data).value();
+  std::vector<transfer_request> reqs;
+  for (std::size_t i = 0; i < kCount; ++i)
+    reqs.push_back(transfer_request::in_buffer(transfer_op::write, la.data + 2 * i * kPiece, seg, id2, i * kPiece, kPiece));
+  auto missing = reqs;
+  missing.push_back(transfer_request::in_buffer(transfer_op::write, la.data, seg, id2 + 100, 0, kPiece));
+  auto batch = a->allocate_batch(2 * kCount + 1).value();
+  counting_store::gets = 0;
+  auto s = a->submit(batch, missing);
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::out_of_bounds);
+  CHECK(counting_store::gets.load() == 1);
+  counting_store::gets = 0;
+  REQUIRE(a->submit(batch, reqs));  // the refresh above already brought id2
+  CHECK(counting_store::gets.load() == 0);
+  REQUIRE(a->wait(batch, 60s));
+  CHECK(a->batch_status(batch).value().state == transfer_state::completed);
+  // 32 requests to an id that does not exist: one lookup, then out_of_bounds.
+  std::vector<transfer_request> absent(kCount, transfer_request::in_buffer(transfer_op::write, la.data, seg, 9999, 0, 64));
+  REQUIRE(a->free_batch(batch));
+  batch = a->allocate_batch(kCount).value();
+  counting_store::gets = 0;
+  for (int round = 0; round < 5; ++round) CHECK(a->submit(batch, absent).error().code == tide::errc::out_of_bounds);
+  CHECK(counting_store::gets.load() == 5);
+  CHECK(a->transport().rail_maps_kept() == maps);  // six refreshes, no NIC changed: no new map
+  // A slow refresh does not stall register_memory (the local table is not locked meanwhile).
+  counting_store::delay_ms = 1500;
+  std::thread submitter([&] { (void)a->submit(batch, absent); });
+  std::this_thread::sleep_for(300ms);  // inside the refresh
+  buffer extra(4096);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(a->register_memory(extra.data, extra.size));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  submitter.join();
+  counting_store::delay_ms = 0;
+  MESSAGE("register_memory during a 1.5 s refresh took "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  CHECK(took < 700ms);
+  REQUIRE(a->free_batch(batch));
+}
+
 // A Connection request as a peer at `from` would send to `ctx` (QP numbers
 // made up: the QPs it asks for are moved to RTS and never used).
 template <class Ctx>

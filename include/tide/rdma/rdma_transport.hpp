@@ -168,6 +168,12 @@ class rdma_transport {
   [[nodiscard]] plan::transport_stats stats() const;
   /// The rail table (tests, tools).
   [[nodiscard]] plan::rail_table& rails() noexcept { return rails_; }
+  /// Rail maps built so far, current or replaced (tests: a refresh that
+  /// changes no NIC builds none).  Any thread.
+  [[nodiscard]] std::size_t rail_maps_kept() const {
+    std::shared_lock lock(seg_mu_);
+    return rail_map_store_.size();
+  }
 
  private:
   explicit rdma_transport(const transport_config& cfg) : cfg_(cfg), rails_(cfg.rail) {}
@@ -215,6 +221,11 @@ class rdma_transport {
   [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
 
   [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests);
+  // Resolves every request into res (caller holds local_mu_ shared).  With
+  // `wanted` non-null, a request a fresh descriptor might resolve adds its
+  // target there (once) instead of failing; null: it fails.
+  [[nodiscard]] status resolve_all(std::span<const transfer_request> requests, std::span<resolved_request> res,
+                                   std::vector<segment_id>* wanted);
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
   // Waits (bounded) until `count` is 0, expiring timed-out tasks meanwhile.
   [[nodiscard]] bool drain(const std::atomic<std::size_t>& count) noexcept;

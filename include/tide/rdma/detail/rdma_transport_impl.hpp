@@ -379,7 +379,32 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
     res = big;
   }
 
-  std::shared_lock local_lock(local_mu_);
+  // A forced refresh is a metadata round trip (in p2p mode a TCP exchange
+  // with the peer, bounded by metadata_timeout): at most one per target per
+  // submit, and never with the local buffer table locked, which would stall
+  // every register/unregister meanwhile (review turn 3, finding 8).  The
+  // batch's submit mutex stays held: the batch cannot go away under us.
+  std::vector<segment_id> wanted;
+  for (int pass = 0;; ++pass) {
+    std::shared_lock local_lock(local_mu_);
+    const bool may_refresh = pass == 0 && refresh_;
+    if (auto st = resolve_all(requests, res, may_refresh ? &wanted : nullptr); !st) return st;
+    // The local buffer table stays shared-locked through planning: res[].local points into it.
+    if (wanted.empty()) return plan_and_dispatch(*b, used, requests, res);
+    local_lock.unlock();
+    // A failed refresh leaves the old view: the second pass then reports
+    // what is wrong with the request against it.
+    for (const segment_id target : wanted) (void)refresh_(target);
+    wanted.clear();
+  }
+}
+
+template <class P>
+status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests, std::span<resolved_request> res,
+                                      std::vector<segment_id>* wanted) {
+  auto want = [&](segment_id target) {
+    if (std::find(wanted->begin(), wanted->end(), target) == wanted->end()) wanted->push_back(target);
+  };
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const auto& r = requests[i];
     auto where = [&] { return "request " + std::to_string(i) + ": "; };
@@ -389,56 +414,59 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
     if (res[i].local == nullptr)
       return fail(errc::unregistered_source, where() + "source [" + std::to_string(src) + ", +" +
                                                  std::to_string(r.length) + ") is not inside registered memory");
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      {
-        std::shared_lock seg_lock(seg_mu_);
-        res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
-        res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
-      }
-      // The peer rejected one of this view's rkeys: read its descriptor again
-      // first, so a buffer it unregistered is out_of_bounds here.
-      if (attempt == 0 && res[i].slot != nullptr && res[i].slot->stale.load(std::memory_order_relaxed) &&
-          res[i].slot->stale.exchange(false, std::memory_order_relaxed) && refresh_ && refresh_(r.target))
+    {
+      std::shared_lock seg_lock(seg_mu_);
+      res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
+      res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
+    }
+    // The peer rejected one of this view's rkeys: read its descriptor again
+    // first, so a buffer it unregistered is out_of_bounds here.
+    if (wanted != nullptr && res[i].slot != nullptr && res[i].slot->stale.load(std::memory_order_relaxed) &&
+        res[i].slot->stale.exchange(false, std::memory_order_relaxed)) {
+      want(r.target);
+      continue;
+    }
+    if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
+    const remote_segment& seg = *res[i].seg;
+    if (r.buffer != transfer_request::kRawAddress) {
+      const int idx = seg.find_id(r.buffer);
+      // The forced refresh: the peer may have registered the buffer since.
+      if (idx < 0 && wanted != nullptr) {
+        want(r.target);
         continue;
-      if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
-      const remote_segment& seg = *res[i].seg;
-      if (r.buffer != transfer_request::kRawAddress) {
-        const int idx = seg.find_id(r.buffer);
-        // The forced refresh: the peer may have registered the buffer since.
-        if (idx < 0 && attempt == 0 && refresh_ && refresh_(r.target)) continue;
-        if (idx < 0)
-          return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has no buffer with id " +
-                                               std::to_string(r.buffer) + " (never registered, or unregistered)");
-        const auto& pb = seg.buffers[static_cast<std::size_t>(idx)];
-        if (r.target_offset > pb.length || r.length > pb.length - r.target_offset)
-          return fail(errc::out_of_bounds, where() + "offset " + std::to_string(r.target_offset) + " + length " +
-                                               std::to_string(r.length) + " exceeds buffer id " + std::to_string(r.buffer) +
-                                               " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
-        res[i].peer_buffer = idx;
-        res[i].remote_addr = pb.addr + r.target_offset;
-      } else {
-        res[i].peer_buffer = seg.find(r.target_offset, r.length);
-        res[i].remote_addr = r.target_offset;
       }
-      if (res[i].peer_buffer >= 0) {
-        // What the owner's descriptor grants; the NIC enforces the same through its MR.
-        const buffer_access a = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].access;
-        if (!(r.op == transfer_op::write ? allows_write(a) : allows_read(a))) [[unlikely]]
-          return fail(errc::remote_access_denied,
-                      where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
-                          std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
-                          std::string(to_string(a)) + " only");
-        break;
-      }
+      if (idx < 0)
+        return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has no buffer with id " +
+                                             std::to_string(r.buffer) + " (never registered, or unregistered)");
+      const auto& pb = seg.buffers[static_cast<std::size_t>(idx)];
+      if (r.target_offset > pb.length || r.length > pb.length - r.target_offset)
+        return fail(errc::out_of_bounds, where() + "offset " + std::to_string(r.target_offset) + " + length " +
+                                             std::to_string(r.length) + " exceeds buffer id " + std::to_string(r.buffer) +
+                                             " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
+      res[i].peer_buffer = idx;
+      res[i].remote_addr = pb.addr + r.target_offset;
+    } else {
+      res[i].peer_buffer = seg.find(r.target_offset, r.length);
+      res[i].remote_addr = r.target_offset;
+    }
+    if (res[i].peer_buffer < 0) {
       // The seeds' forced refresh: the peer may have registered more memory since.
-      if (attempt == 0 && refresh_ && refresh_(r.target)) continue;
+      if (wanted != nullptr) {
+        want(r.target);
+        continue;
+      }
       return fail(errc::out_of_bounds, where() + "[" + std::to_string(r.target_offset) + ", +" + std::to_string(r.length) +
                                            ") is outside every buffer of segment " + seg.name);
     }
+    // What the owner's descriptor grants; the NIC enforces the same through its MR.
+    const buffer_access a = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].access;
+    if (!(r.op == transfer_op::write ? allows_write(a) : allows_read(a))) [[unlikely]]
+      return fail(errc::remote_access_denied,
+                  where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
+                      std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
+                      std::string(to_string(a)) + " only");
   }
-
-  // The local buffer table stays shared-locked through planning: res[].local points into it.
-  return plan_and_dispatch(*b, used, requests, res);
+  return {};
 }
 
 }  // namespace tide::rdma
