@@ -174,7 +174,11 @@ class endpoint {
   /// does): they are linked into `*unknown` for the caller to redo (READ and
   /// WRITE are idempotent).  Returns how many entries left the ring (s
   /// included); `s` itself is the caller's.
+  /// `s` must be in QP i's ring (in_ring).
   std::uint32_t complete_through(std::uint32_t i, const detail::slice* s, detail::slice** unknown = nullptr) noexcept;
+  /// True when `s` is in QP i's ring (a completion may name only such a
+  /// slice).  Compares pointers only: `s` is not read.  Lane i's thread.
+  [[nodiscard]] bool in_ring(std::uint32_t i, const detail::slice* s) const noexcept;
   /// Takes every slice still in QP i's ring (CQ error: no completion will
   /// come); the caller fails them.  Returns the chain (linked by next).
   [[nodiscard]] detail::slice* take_ring(std::uint32_t i) noexcept;
@@ -222,6 +226,10 @@ class endpoint {
   [[nodiscard]] std::vector<std::uint32_t> qp_nums() const;
   /// The lane whose QP has number `qp_num`, or -1.  Any thread.
   [[nodiscard]] int lane_of_qp(std::uint32_t qp_num) const noexcept;
+  /// QP i's number (fixed at create).  Any thread.
+  [[nodiscard]] std::uint32_t qp_num(std::uint32_t i) const noexcept { return qp_nums_[i]; }
+  /// The CQ QP i completes on (fixed at create).  Any thread.
+  [[nodiscard]] const ibv_cq* lane_cq(std::uint32_t i) const noexcept { return cqs_[i]->native_handle(); }
 
  private:
   endpoint(const endpoint_params& params, std::string peer);

@@ -191,13 +191,23 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
   return false;
 }
 
+/// How many tasks have been marked to stop, process-wide: a lane that sees
+/// it change looks at every slice it has queued once (the others only where
+/// it posts next).  Relaxed: a lane that misses a mark for a pass drops the
+/// slices a pass later, or just before it posts them.
+inline std::atomic<std::uint64_t> stop_mark_count{0};
+[[nodiscard]] inline std::uint64_t stop_marks() noexcept { return stop_mark_count.load(std::memory_order_relaxed); }
+
 /// Marks task `t` to end as `why` (timeout or canceled) with cause `e`.
 /// It becomes final when its last slice retires (see the top).  Any thread;
 /// the first mark wins, a final task is left alone.
 inline void stop_task(task_state& t, transfer_state why, errc e) noexcept {
   if (is_final(t.state.load(std::memory_order_acquire))) return;
   auto expected = transfer_state::pending;
-  if (t.stop.compare_exchange_strong(expected, why, std::memory_order_acq_rel)) note_cause(t, e, nullptr);
+  if (t.stop.compare_exchange_strong(expected, why, std::memory_order_acq_rel)) {
+    note_cause(t, e, nullptr);
+    stop_mark_count.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 /// ok, or why slice `s` must not be posted (or retried): its task was
