@@ -1,7 +1,8 @@
 #pragma once
 /// rdma::connector<P> — connection setup for one rdma_context, off the
-/// lanes: the active handshake runs on a small Boost.Asio thread pool, the
-/// passive one on the handshake service's thread.  Neither moves a QP: both
+/// lanes: the active handshake runs on the connector's own threads
+/// (detail::setup_pool: one more whenever every thread is blocked on a
+/// peer), the passive one on the handshake service's thread.  Neither moves a QP: both
 /// send "connect QP i" to lane i and wait (bounded) for every lane's answer
 /// before the endpoint becomes connected (and, passively, before replying).
 ///
@@ -23,8 +24,7 @@
 #include <tide/rdma/endpoint_store.hpp>
 #include <tide/rdma/lane.hpp>
 
-#include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
+#include <tide/rdma/detail/setup_pool.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -45,7 +45,6 @@ class connector {
   using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
   /// How long a setup thread waits for the lanes' answers.
   static constexpr std::chrono::milliseconds kLaneAnswerTimeout{10000};
-  static constexpr std::size_t kThreads = 2;
   /// How a rejection for a lost simultaneous open begins.
   static constexpr std::string_view kLostRace = "simultaneous open: ";
 
@@ -54,8 +53,9 @@ class connector {
   connector& operator=(const connector&) = delete;
   ~connector() { stop(); }
 
-  /// Refuses new work and joins the pool (a handshake in flight finishes
-  /// within its own timeouts).  Idempotent; setup path.
+  /// Refuses new work and joins the pool: a queued handshake gives up at
+  /// once, one in flight finishes within its own timeouts.  Idempotent;
+  /// setup path.
   void stop() noexcept {
     stopping_.store(true, std::memory_order_release);
     pool_.join();
@@ -69,7 +69,7 @@ class connector {
       return;
     }
     try {
-      boost::asio::post(pool_, [this, h]() mutable { run_active(h); });
+      if (!pool_.post([this, h]() mutable { run_active(h); })) fail_connect(*h, errc::endpoint_closed, "context stopping");
     } catch (...) {
       fail_connect(*h, errc::resource_exhausted, "cannot queue the handshake");
     }
@@ -184,6 +184,13 @@ class connector {
 
   void run_active(const handle& h) noexcept {
     endpoint& e = *h;
+    if (stopping_.load(std::memory_order_acquire)) {  // queued before stop(): no network round trip now
+      std::unique_lock setup(e.setup_mutex());
+      if (e.state() != endpoint_state::connecting) return;
+      setup.unlock();
+      fail_connect(e, errc::endpoint_closed, "context stopping");
+      return;
+    }
     handshake_desc request;
     {
       std::lock_guard setup(e.setup_mutex());
@@ -269,7 +276,7 @@ class connector {
   rdma_context<P>& ctx_;
   handshake_sender send_;
   std::atomic<bool> stopping_{false};
-  boost::asio::thread_pool pool_{kThreads};
+  detail::setup_pool pool_;  // last: its threads go before the members they use
 };
 
 }  // namespace tide::rdma
