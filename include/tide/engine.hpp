@@ -77,6 +77,9 @@ struct engine_config {
   std::chrono::milliseconds metadata_timeout{3000};
   std::chrono::milliseconds handshake_connect_timeout{5000};
   std::chrono::milliseconds handshake_timeout{30000};
+  /// How long an accepted connection waits for the peer's ready ack; past
+  /// it the connection is used anyway, and may be evicted.
+  std::chrono::milliseconds ready_ack_timeout{10000};
   /// The handshake listener's bind address (env TIDE_HANDSHAKE_BIND).
   /// "0.0.0.0" (Mooncake's INADDR_ANY) lets every host that routes here
   /// reach it; bind the RDMA network's interface address to keep it off
@@ -102,6 +105,9 @@ struct engine_config {
   std::string custom_topology_json;        ///< priority matrix override
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
+  /// The largest capacity allocate_batch takes (batch_too_large above it).
+  /// A batch's memory (~128 B per task) stays with the engine for its life.
+  std::size_t max_tasks_per_batch = std::size_t{1} << 16;
   /// etcd over TLS and etcd auth: see metadata_config (backend.hpp).
   /// "etcds://h:p[,h:p]" or any of the three files turns TLS on.
   std::string etcd_ca_file;
@@ -253,15 +259,16 @@ class transfer_engine {
 
   // ---- batches (hot path) ----
   // None of these throws; a failed allocation is errc::out_of_memory.
-  /// Errors: capacity_zero, resource_exhausted (max_batches reached), out_of_memory.
+  /// Errors: capacity_zero, batch_too_large (above max_tasks_per_batch),
+  /// resource_exhausted (max_batches reached), out_of_memory.
   [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) noexcept {
     return transport_->allocate_batch(capacity);
   }
   /// Errors: unknown_batch, batch_busy (unfinished tasks or slices in flight).
   [[nodiscard]] status free_batch(batch_id b) noexcept { return transport_->free_batch(b); }
-  /// Errors: unknown_batch, batch_full, zero_length, unregistered_source,
-  /// unknown_segment, out_of_bounds, out_of_memory.  Nothing is submitted on
-  /// an error.
+  /// Errors: unknown_batch, canceled (cancel() was called on the batch),
+  /// batch_full, zero_length, unregistered_source, unknown_segment,
+  /// out_of_bounds, out_of_memory.  Nothing is submitted on an error.
   [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) noexcept {
     return transport_->submit(b, requests);
   }

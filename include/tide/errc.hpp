@@ -43,6 +43,7 @@ enum class errc : int {
   frame_too_large,          ///< a handshake frame above the configured bound
   config_invalid,           ///< a config field or environment override is out of range
   remote_access_denied,     ///< the peer's descriptor does not grant this operation on that buffer
+  batch_too_large,          ///< a batch capacity above engine_config::max_tasks_per_batch
 
   // --- endpoint: one connection to one peer NIC is affected ---
   handshake_failed = 200,   ///< TCP handshake could not be completed (connect/read/write)

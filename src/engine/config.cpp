@@ -61,8 +61,10 @@ status each_number(engine_config& c, F&& f) {
   if (auto r = f("metadata_timeout_ms", "", c.metadata_timeout, 1, kMaxMs); !r) return r;
   if (auto r = f("handshake_connect_timeout_ms", "", c.handshake_connect_timeout, 1, kMaxMs); !r) return r;
   if (auto r = f("handshake_timeout_ms", "", c.handshake_timeout, 1, kMaxMs); !r) return r;
+  if (auto r = f("ready_ack_timeout_ms", "", c.ready_ack_timeout, 1, kMaxMs); !r) return r;
   if (auto r = f("handshake_port", "", c.handshake_port, 0, 65535); !r) return r;
   if (auto r = f("max_batches", "", c.max_batches, 1, 1LL << 24); !r) return r;
+  if (auto r = f("max_tasks_per_batch", "", c.max_tasks_per_batch, 1, 1LL << 30); !r) return r;
   if (auto r = f("max_cqe", "MAX_CQE", c.max_cqe, 1, 1 << 22); !r) return r;
   if (auto r = f("max_wr", "MAX_WR", c.max_wr, 1, 1 << 16); !r) return r;
   if (auto r = f("max_rd_atomic", "MAX_RD_ATOMIC", c.max_rd_atomic, 1, 255); !r) return r;

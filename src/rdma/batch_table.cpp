@@ -36,15 +36,17 @@ error describe(errc code, const char* what, batch_id id) noexcept {
 }
 }  // namespace
 
-batch_table::batch_table(std::size_t max_batches)
-    : max_batches_(max_batches), slots_(new std::atomic<detail::batch_state*>[max_batches]) {
+batch_table::batch_table(std::size_t max_batches, std::size_t max_tasks)
+    : max_batches_(max_batches), max_tasks_(max_tasks), slots_(new std::atomic<detail::batch_state*>[max_batches]) {
   for (std::size_t i = 0; i < max_batches; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
 }
 
-result<std::unique_ptr<batch_table>> batch_table::create(std::size_t max_batches) {
+result<std::unique_ptr<batch_table>> batch_table::create(std::size_t max_batches, std::size_t max_tasks) {
   if (max_batches == 0 || max_batches > (1u << 24))
     return fail(errc::config_invalid, "max_batches must be 1..2^24, got " + std::to_string(max_batches));
-  return std::unique_ptr<batch_table>(new batch_table(max_batches));
+  if (max_tasks == 0 || max_tasks > kMaxTasksLimit)
+    return fail(errc::config_invalid, "max_tasks_per_batch must be 1..2^30, got " + std::to_string(max_tasks));
+  return std::unique_ptr<batch_table>(new batch_table(max_batches, max_tasks));
 }
 
 detail::batch_state* batch_table::lookup(batch_id id) const noexcept {
@@ -62,7 +64,9 @@ std::size_t batch_table::live_batches() const {
 
 result<batch_id> batch_table::allocate(std::size_t capacity) noexcept {
   if (capacity == 0) return fail(errc::capacity_zero, "allocate_batch: capacity 0");
-  if (capacity > (std::size_t{1} << 30)) return fail(errc::invalid_argument, "allocate_batch: capacity above 2^30");
+  if (capacity > max_tasks_)
+    return fail(errc::batch_too_large, "allocate_batch: capacity " + std::to_string(capacity) + " is above " +
+                                           std::to_string(max_tasks_) + " (engine_config::max_tasks_per_batch)");
   try {
     std::lock_guard lock(mu_);
     // Best fit among the free slots: the smallest batch that is big enough.
@@ -235,12 +239,20 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
     expire(*b);
     lock.lock();
   }
+  // Freed (and perhaps handed out again, with nothing pending) since the
+  // lookup: that is not this batch ending (review turn 3, finding 21).
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
   return {};
 }
 
 status batch_table::cancel(batch_id id) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "cancel: unknown batch ", id));
+  // free() recycles a batch under its submit mutex: holding it, a tag that
+  // still matches means this is still batch `id`, not the next owner of
+  // the same batch_state.
+  std::lock_guard submit_lock(b->submit_mu);
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "cancel: batch freed meanwhile: ", id));
   b->canceled.store(true, std::memory_order_release);
   const std::size_t n = b->used.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) detail::stop_task(b->tasks[i], transfer_state::canceled, errc::canceled);

@@ -153,6 +153,28 @@ void endpoint::lane_error(std::uint32_t i) noexcept {
   if (auto r = qps_[i].to_error(); !r) TIDE_LOG_WARN("endpoint " << peer_nic_path_ << ": " << r.error().message());
 }
 
+status endpoint::check_request(const handshake_desc& req, std::uint32_t num_qp) {
+  const std::string& path = req.local_nic_path;
+  const auto at = path.rfind('@');
+  constexpr std::size_t kMaxPath = 512;
+  if (at == std::string::npos || at == 0 || at + 1 == path.size() || path.size() > kMaxPath ||
+      std::any_of(path.begin(), path.end(), [](char c) { return static_cast<unsigned char>(c) <= 0x20; }))
+    return fail(errc::handshake_rejected, "Invalid argument: local_nic_path is not <server>@<nic> (at most " +
+                                              std::to_string(kMaxPath) + " printable characters)");
+  if (req.qp_num.size() != num_qp)
+    return fail(errc::qp_count_mismatch, "QP count mismatch: " + req.peer_nic_path + " has " + std::to_string(num_qp) +
+                                             " (num_qp_per_ep = lanes), " + path + " has " +
+                                             std::to_string(req.qp_num.size()));
+  for (const std::uint32_t q : req.qp_num)
+    if (q == 0 || q > 0xffffffu) return fail(errc::handshake_rejected, "Invalid argument: QP number " + std::to_string(q));
+  if (req.psn && req.psn->size() != req.qp_num.size())
+    return fail(errc::handshake_rejected, "Invalid argument: " + std::to_string(req.psn->size()) + " PSNs for " +
+                                              std::to_string(req.qp_num.size()) + " QPs");
+  if (!req.local_gid || std::all_of(req.local_gid->raw.begin(), req.local_gid->raw.end(), [](auto b) { return b == 0; }))
+    return fail(errc::handshake_rejected, "Invalid peer GID: " + path + " sent none (or all zero)");
+  return {};
+}
+
 bool endpoint::ready() noexcept {
   const auto s = state_.load(std::memory_order_acquire);
   if (s == endpoint_state::connected) [[likely]]
@@ -235,20 +257,16 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
   return errc::ok;
 }
 
+bool endpoint::in_ring(std::uint32_t i, const detail::slice* s) const noexcept {
+  const lane_qp& l = lanes_[i];
+  for (std::uint32_t k = 0, m = l.ring.size(); k < m; ++k)
+    if (l.ring.at(k) == s) return true;
+  return false;
+}
+
 std::uint32_t endpoint::complete_through(std::uint32_t i, const detail::slice* s, detail::slice** unknown) noexcept {
   lane_qp& l = lanes_[i];
   std::uint32_t n = 0;
-  {
-    // A completion must name a slice in this ring; anything else would retire
-    // WRs still on the wire.
-    bool found = false;
-    for (std::uint32_t k = 0, m = l.ring.size(); k < m && !found; ++k) found = l.ring.at(k) == s;
-    if (!found) [[unlikely]] {
-      TIDE_LOG_ERROR("endpoint " << peer_nic_path_ << ": completion for a slice not in QP " << i << "'s ring (size "
-                                 << l.ring.size() << ")");
-      return 0;
-    }
-  }
   detail::slice** link = unknown;
   while (!l.ring.empty()) {
     detail::slice* f = l.ring.pop();

@@ -339,6 +339,56 @@ TEST_CASE("bad input: a specific errc each") {
   CHECK(a->unregister_memory(unreg.data).error().code == tide::errc::not_registered);
   CHECK(a->open_segment("127.0.0.1:1").error().group() == tide::errc_group::metadata);
   CHECK(a->close_segment(12345).error().code == tide::errc::unknown_segment);
+  // Review turn 3, findings 19 and 13: a batch far beyond memory, and a
+  // submit to a canceled batch (whose tasks used to end CANCELED unasked).
+  CHECK(a->allocate_batch(300'000'000).error().code == tide::errc::batch_too_large);
+  auto canceled = a->allocate_batch(1).value();
+  REQUIRE(a->cancel(canceled));
+  auto late = transfer_request::at_address(transfer_op::write, la.data, seg, remote, 64);
+  CHECK(a->submit(canceled, {&late, 1}).error().code == tide::errc::canceled);
+  CHECK(a->batch_status(canceled).value().state == transfer_state::waiting);
+  CHECK(a->free_batch(canceled));
+}
+
+// Review turn 3, finding 21: closing one segment closed every endpoint to the
+// NICs it names, also those another open segment (same rdma_server_name)
+// still used: their WRs flushed and each used up a retry.
+TEST_CASE("close_segment keeps the endpoints another open segment still uses") {
+  struct in_proc : tide::default_policies {
+    using metadata = tide::policy::in_process;
+  };
+  const auto devs = devices_under_test();
+  auto ca = config_for({devs[0]});
+  ca.metadata = "";
+  auto cb = config_for({devs[1]});
+  cb.metadata = "";
+  auto a = tide::test::make_engine<in_proc>(ca);
+  auto b = tide::test::make_engine<in_proc>(cb);
+  buffer la(1u << 20), lb(1u << 20);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  // The same descriptor under a second name: two segments, the same NICs.
+  tide::policy::in_process store{tide::metadata_config{}};
+  auto json = store.get_segment(b->segment_name());
+  REQUIRE(json);
+  REQUIRE(store.put_segment("alias-of-b", *json));
+  auto seg = a->open_segment(b->segment_name()).value();
+  auto alias = a->open_segment("alias-of-b").value();
+  REQUIRE(seg != alias);
+  const auto remote = reinterpret_cast<std::uint64_t>(lb.data);
+  fill(la.data, la.size, 21);
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, alias, remote, la.size)));
+  auto& ctx = a->transport().context(0);
+  const auto created = ctx.stats().endpoints_created;
+  REQUIRE(ctx.live_endpoints() == 1);
+  REQUIRE(a->close_segment(seg));
+  CHECK(ctx.live_endpoints() == 1);
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, alias, remote, la.size)));
+  CHECK(same(la.data, lb.data, la.size));
+  CHECK(ctx.stats().endpoints_created == created);  // the same endpoint carried it
+  REQUIRE(a->close_segment(alias));
+  CHECK(ctx.live_endpoints() == 0);  // the last user gone: closed
+  (void)store.remove_segment("alias-of-b");
 }
 
 TEST_CASE("several threads submit batches at once; notifications both ways") {
@@ -417,6 +467,239 @@ TEST_CASE("an engine with both devices stripes slices over both") {
   CHECK(st.nics[1].bytes > 0);
   CHECK(st.nics[0].bytes + st.nics[1].bytes == la.size);
   CHECK(st.nics[0].inflight_bytes + st.nics[1].inflight_bytes == 0);
+}
+
+TEST_CASE("teardown with ~1000 WRs in flight on two lanes and both devices: every task final, the engine goes") {
+  const auto devs = devices_under_test();
+  std::vector<std::string> both{devs[0]};
+  if (devs[1] != devs[0]) both.push_back(devs[1]);
+  auto a = make_engine(both);
+  auto b = make_engine(both);
+  REQUIRE(a->transport().context(0).lanes().size() == 2);
+  constexpr std::size_t kCount = 2048, kSize = 4096;
+  buffer la(2 * kCount * kSize), lb(2 * kCount * kSize);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  // Connected first (an 8 MiB WRITE stripes over every NIC and lane), so the
+  // WRs below are posted, not waiting for a handshake, when teardown begins.
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg,
+                                                   reinterpret_cast<std::uint64_t>(lb.data), 8u << 20)));
+  const auto out = tide::test::shutdown_under_traffic(*a, seg, la.data, reinterpret_cast<std::uint64_t>(lb.data),
+                                                      kCount, kSize);
+  MESSAGE("shutdown took " << out.took.count() << " ms; tasks completed " << out.completed << ", failed "
+                           << out.failed << ", other " << out.other);
+  CHECK(out.all_final);
+  CHECK(out.other == 0);
+  CHECK(out.completed + out.failed == kCount);
+  CHECK(out.freed);
+  CHECK(out.took < 20s);
+  const auto t0 = std::chrono::steady_clock::now();
+  a.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  // The target is unharmed: a fresh engine moves bytes to it.
+  auto c = make_engine(both);
+  buffer lc(1u << 20);
+  REQUIRE(c->register_memory(lc.data, lc.size));
+  auto seg_c = c->open_segment(b->segment_name()).value();
+  fill(lc.data, lc.size, 17);
+  REQUIRE(run_one(*c, transfer_request::at_address(transfer_op::write, lc.data, seg_c,
+                                                   reinterpret_cast<std::uint64_t>(lb.data), lc.size)));
+  CHECK(same(lc.data, lb.data, lc.size));
+}
+
+TEST_CASE("an engine destroyed with ~1000 WRs in flight: no crash, bounded") {
+  const auto devs = devices_under_test();
+  std::vector<std::string> both{devs[0]};
+  if (devs[1] != devs[0]) both.push_back(devs[1]);
+  auto a = make_engine(both);
+  auto b = make_engine(both);
+  constexpr std::size_t kCount = 2048, kSize = 4096;
+  buffer la(2 * kCount * kSize), lb(2 * kCount * kSize);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg,
+                                                   reinterpret_cast<std::uint64_t>(lb.data), 8u << 20)));
+  std::vector<transfer_request> reqs;
+  for (std::size_t i = 0; i < kCount; ++i)
+    reqs.push_back(transfer_request::at_address(transfer_op::write, la.data + 2 * i * kSize, seg,
+                                                reinterpret_cast<std::uint64_t>(lb.data) + 2 * i * kSize, kSize));
+  auto batch = a->allocate_batch(kCount).value();
+  REQUIRE(a->submit(batch, reqs));
+  const auto t0 = std::chrono::steady_clock::now();
+  a.reset();  // batch never freed: the engine's destructor owns it
+  const auto took = std::chrono::steady_clock::now() - t0;
+  MESSAGE("destroyed in " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  CHECK(took < 20s);
+}
+
+// in_process metadata that counts descriptor lookups and can be made slow
+// (a peer whose metadata round trip takes long).
+struct counting_store : tide::policy::in_process {
+  static constexpr std::string_view kName = "counting_in_process";
+  using in_process::in_process;
+  static inline std::atomic<int> gets{0};
+  static inline std::atomic<int> delay_ms{0};
+  tide::result<std::string> get_segment(std::string_view name) {
+    ++gets;
+    if (const int d = delay_ms.load(); d > 0) std::this_thread::sleep_for(std::chrono::milliseconds(d));
+    return in_process::get_segment(name);
+  }
+};
+struct counting_policies : tide::default_policies {
+  using metadata = counting_store;
+};
+
+// Review turn 3, finding 8: submit's forced refresh ran per request, with the
+// local buffer table locked (register/unregister stalled behind a metadata
+// round trip), and each refresh kept a new rail map for the engine's life.
+TEST_CASE("forced refresh: once per target per submit, without the local table locked; no rail map per refresh") {
+  const auto devs = devices_under_test();
+  auto ca = config_for({devs[0]});
+  ca.metadata = "";
+  auto cb = config_for({devs[1]});
+  cb.metadata = "";
+  auto a = tide::test::make_engine<counting_policies>(ca);
+  auto b = tide::test::make_engine<counting_policies>(cb);
+  constexpr std::size_t kPiece = 4096, kCount = 32;
+  buffer la(2 * kCount * kPiece), lb(1u << 20), lb2(kCount * kPiece);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const std::size_t maps = a->transport().rail_maps_kept();
+  // Registered after a read the descriptor: request 0 needs a refresh, the
+  // other 31 are served by it; request 32 names an id the refresh lacks too.
+  REQUIRE(b->register_memory(lb2.data, lb2.size));
+  const std::uint32_t id2 = b->buffer_id(lb2.data).value();
+  std::vector<transfer_request> reqs;
+  for (std::size_t i = 0; i < kCount; ++i)
+    reqs.push_back(transfer_request::in_buffer(transfer_op::write, la.data + 2 * i * kPiece, seg, id2, i * kPiece, kPiece));
+  auto missing = reqs;
+  missing.push_back(transfer_request::in_buffer(transfer_op::write, la.data, seg, id2 + 100, 0, kPiece));
+  auto batch = a->allocate_batch(2 * kCount + 1).value();
+  counting_store::gets = 0;
+  auto s = a->submit(batch, missing);
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::out_of_bounds);
+  CHECK(counting_store::gets.load() == 1);
+  counting_store::gets = 0;
+  REQUIRE(a->submit(batch, reqs));  // the refresh above already brought id2
+  CHECK(counting_store::gets.load() == 0);
+  REQUIRE(a->wait(batch, 60s));
+  CHECK(a->batch_status(batch).value().state == transfer_state::completed);
+  // 32 requests to an id that does not exist: one lookup, then out_of_bounds.
+  std::vector<transfer_request> absent(kCount, transfer_request::in_buffer(transfer_op::write, la.data, seg, 9999, 0, 64));
+  REQUIRE(a->free_batch(batch));
+  batch = a->allocate_batch(kCount).value();
+  counting_store::gets = 0;
+  for (int round = 0; round < 5; ++round) CHECK(a->submit(batch, absent).error().code == tide::errc::out_of_bounds);
+  CHECK(counting_store::gets.load() == 5);
+  CHECK(a->transport().rail_maps_kept() == maps);  // six refreshes, no NIC changed: no new map
+  // A slow refresh does not stall register_memory (the local table is not locked meanwhile).
+  counting_store::delay_ms = 1500;
+  std::thread submitter([&] { (void)a->submit(batch, absent); });
+  std::this_thread::sleep_for(300ms);  // inside the refresh
+  buffer extra(4096);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(a->register_memory(extra.data, extra.size));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  submitter.join();
+  counting_store::delay_ms = 0;
+  MESSAGE("register_memory during a 1.5 s refresh took "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  CHECK(took < 700ms);
+  REQUIRE(a->free_batch(batch));
+}
+
+// A Connection request as a peer at `from` would send to `ctx` (QP numbers
+// made up: the QPs it asks for are moved to RTS and never used).
+template <class Ctx>
+tide::handshake_desc fake_connect(Ctx& ctx, std::string from, std::uint32_t qp_base) {
+  tide::handshake_desc d;
+  d.local_nic_path = std::move(from);
+  d.peer_nic_path = ctx.nic_path();
+  tide::gid_bytes g;
+  g.raw = ctx.gid().raw;
+  d.local_gid = g;
+  d.qp_num = {qp_base, qp_base + 1};
+  d.psn = std::vector<std::uint32_t>{7, 8};
+  d.mtu = 1024;
+  d.ready_ack = false;  // announces the ack that never comes
+  return d;
+}
+
+// Review turn 3, finding 3: an endpoint accepted with ready_ack stayed pinned
+// (connected_wait_ready_ack) until the ack came; a peer that crashed before
+// acking, or a stranger that never meant to, held two RTS QPs and a store
+// slot for good, and the store grew past its capacity.
+TEST_CASE("accepted connections whose ready ack never comes become evictable after ready_ack_timeout") {
+  const auto devs = devices_under_test();
+  auto cfg = config_for({devs[0]});
+  cfg.endpoint_capacity = 1;
+  cfg.ready_ack_timeout = 1500ms;
+  auto a = make_engine({}, cfg);
+  auto& ctx = a->transport().context(0);
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    auto r = tide::net::exchange_handshake(
+        "127.0.0.1", a->handshake_port(), fake_connect(ctx, "127.0.0.77:" + std::to_string(k + 1) + "@fake0", 0x100 + 2 * k));
+    REQUIRE(r);
+    CHECK_MESSAGE(r->reply_msg.empty(), r->reply_msg);
+  }
+  // Waiting for their acks they are pinned: the store is past its capacity.
+  CHECK(ctx.live_endpoints() == 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (ctx.live_endpoints() > 1 && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::sleep_for(50ms);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  MESSAGE("back to capacity after " << took.count() << " ms");
+  CHECK(ctx.live_endpoints() == 1);
+  CHECK(took >= 1000ms);  // not before the ack was due
+}
+
+// Review turn 3, finding 15: accept looked up (made, evicting if full) the
+// endpoint for a request before checking it, so a stream of bad connects
+// with fresh paths evicted idle connections real peers still used.
+TEST_CASE("bad connects are refused before any endpoint is made: the idle good endpoint stays") {
+  const auto devs = devices_under_test();
+  auto cfg = config_for({devs[0]});
+  cfg.endpoint_capacity = 1;
+  auto a = make_engine({}, cfg);
+  auto b = make_engine({devs[1]});
+  buffer la(1u << 20), lb(1u << 20);
+  REQUIRE(a->register_memory(la.data, la.size));
+  REQUIRE(b->register_memory(lb.data, lb.size));
+  auto seg = a->open_segment(b->segment_name()).value();
+  const auto remote = reinterpret_cast<std::uint64_t>(lb.data);
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg, remote, la.size)));
+  auto& ctx = a->transport().context(0);
+  const std::string good = b->segment_name() + "@" + devs[1];
+  auto h = ctx.find_endpoint(good);
+  REQUIRE(h);
+  const auto* before = h.get();
+  h.reset();
+  const auto created = ctx.stats().endpoints_created;
+  std::vector<std::pair<const char*, tide::handshake_desc>> bad;
+  bad.emplace_back("three QPs", fake_connect(ctx, "127.0.0.78:1@fake0", 0x200));
+  bad.back().second.qp_num.push_back(0x202);
+  bad.back().second.psn->push_back(9);
+  bad.emplace_back("all-zero GID", fake_connect(ctx, "127.0.0.78:2@fake0", 0x210));
+  bad.back().second.local_gid = tide::gid_bytes{};
+  bad.emplace_back("path without @", fake_connect(ctx, "127.0.0.78:3", 0x220));
+  bad.emplace_back("QP number 0", fake_connect(ctx, "127.0.0.78:4@fake0", 0));
+  bad.emplace_back("PSNs for other QPs", fake_connect(ctx, "127.0.0.78:5@fake0", 0x240));
+  bad.back().second.psn->push_back(9);
+  for (auto& [what, d] : bad) {
+    auto r = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), d);
+    REQUIRE_MESSAGE(!r, what << " was accepted");
+    CHECK(r.error().code == tide::errc::handshake_rejected);
+    MESSAGE(what << ": " << r.error().detail);
+  }
+  CHECK(ctx.stats().endpoints_created == created);
+  h = ctx.find_endpoint(good);
+  CHECK(h.get() == before);
+  h.reset();
+  REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, seg, remote, la.size)));
+  CHECK(ctx.stats().endpoints_created == created);
 }
 
 TEST_CASE("endpoint capacity 2 with four peers in flight: no failure, evicted endpoints drained") {

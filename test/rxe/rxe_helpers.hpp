@@ -79,4 +79,44 @@ status run_one(Engine& e, const transfer_request& r, std::chrono::milliseconds t
   return {};
 }
 
+/// What shutdown_under_traffic saw.
+struct teardown_outcome {
+  std::chrono::milliseconds took{0};  ///< transport().shutdown()
+  bool all_final = false;             ///< wait() returned ok at once after it
+  std::size_t completed = 0, failed = 0, other = 0;
+  bool freed = false;                 ///< free_batch then succeeded
+};
+
+/// Review turn 3, finding 2: submits `count` WRITEs of `size` bytes (one WR
+/// each: a gap between requests keeps them from coalescing) from `src` to
+/// `dst` of segment `seg`, and shuts the transport down at once, while they
+/// are on the wire.  Teardown used to hand the slices flushed meanwhile back
+/// to lanes that had stopped (or were about to), where they stayed forever.
+/// `src` and `dst` need 2 * count * size bytes.
+template <class Engine>
+teardown_outcome shutdown_under_traffic(Engine& e, segment_id seg, unsigned char* src, std::uint64_t dst,
+                                        std::size_t count, std::size_t size) {
+  teardown_outcome out;
+  std::vector<transfer_request> reqs;
+  for (std::size_t i = 0; i < count; ++i)
+    reqs.push_back(transfer_request::at_address(transfer_op::write, src + 2 * i * size, seg, dst + 2 * i * size, size));
+  auto b = e.allocate_batch(count);
+  REQUIRE(b);
+  REQUIRE(e.submit(*b, reqs));
+  const auto t0 = std::chrono::steady_clock::now();
+  e.transport().shutdown();
+  out.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  // No lane runs any more: a task that is not final now never will be.
+  out.all_final = static_cast<bool>(e.wait(*b, 100ms));
+  for (std::size_t i = 0; i < count; ++i) {
+    auto st = e.status_of(*b, i);
+    REQUIRE(st);
+    if (st->state == transfer_state::completed) ++out.completed;
+    else if (st->state == transfer_state::failed) ++out.failed;
+    else ++out.other;
+  }
+  out.freed = static_cast<bool>(e.free_batch(*b));
+  return out;
+}
+
 }  // namespace tide::test

@@ -2,6 +2,7 @@
 // ids (stale, never allocated, exhausted), concurrent allocate / free /
 // lookup (run under TSan by tools/sanitize), first cause, final means final.
 #include <tide/rdma/batch_table.hpp>
+#include <tide/detail/sharded_shared_mutex.hpp>  // cpu_relax
 
 #include <doctest/doctest.h>
 
@@ -19,8 +20,9 @@ using rdma::batch_table;
 
 namespace {
 
-std::unique_ptr<batch_table> make_table(std::size_t max_batches) {
-  auto t = batch_table::create(max_batches);
+std::unique_ptr<batch_table> make_table(std::size_t max_batches,
+                                       std::size_t max_tasks = batch_table::kDefaultMaxTasks) {
+  auto t = batch_table::create(max_batches, max_tasks);
   REQUIRE(t);
   return std::move(*t);
 }
@@ -323,7 +325,7 @@ TEST_CASE("batch_table: concurrent allocate / free / lookup / status never mix b
 }
 
 TEST_CASE("no exceptions on the hot path: a batch too big for memory is out_of_memory, not bad_alloc") {
-  auto t = make_table(2);
+  auto t = make_table(2, batch_table::kMaxTasksLimit);
 #if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)  // their allocators abort instead
   auto r = t->allocate(std::size_t{1} << 30);  // ~2^30 tasks: far more than this host has
   REQUIRE_FALSE(r);
@@ -404,4 +406,149 @@ TEST_CASE("watch: a watch racing the last completion is told exactly once or at 
     CHECK(l.count() <= 2);
     CHECK(t->free(id));
   }
+}
+
+// Review turn 3, finding 19: allocate_batch(300'000'000) asked for 64 GiB
+// (and kept it for the engine's life); the cap refuses it by name.
+TEST_CASE("batch_table: a capacity above max_tasks_per_batch is batch_too_large, naming the limit") {
+  auto t = make_table(2, 100);
+  auto r = t->allocate(101);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::batch_too_large);
+  CHECK(r.error().detail.find("above 100") != std::string::npos);
+  CHECK(r.error().detail.find("max_tasks_per_batch") != std::string::npos);
+  CHECK(t->allocate(100));
+  auto big = make_table(2);  // the default: 64k
+  CHECK(big->max_tasks() == 65536);
+  CHECK(big->allocate(300'000'000).error().code == errc::batch_too_large);
+  CHECK(batch_table::create(1, 0).error().code == errc::config_invalid);
+  CHECK(batch_table::create(1, batch_table::kMaxTasksLimit + 1).error().code == errc::config_invalid);
+}
+
+namespace {
+// What free() and then allocate() do to batch `id`'s tag when allocate hands
+// the same batch_state out again: the id dies, the next generation's lives.
+batch_id recycle_in_place(rdma::detail::batch_state& b, batch_id id) {
+  const std::uint64_t next_gen = (id >> 32) + 1;
+  b.tag.store((next_gen << 1) | 1u);
+  return (next_gen << 32) | (id & 0xffffffffu);
+}
+}  // namespace
+
+// Review turn 3, finding 13: cancel() looked the batch up and then marked it,
+// with nothing keeping free() and allocate() from handing the same
+// batch_state to a new owner in between, whose tasks then ended CANCELED.
+// Here the window is held open: free() recycles a batch under its submit
+// mutex, so the test takes that mutex, lets cancel() in, and recycles the
+// batch the way free + allocate would.
+TEST_CASE("batch_table: a cancel racing a free and allocate of its batch leaves the new owner alone") {
+  auto t = make_table(1);
+  const batch_id old_id = t->allocate(2).value();
+  auto* b = t->lookup(old_id);
+  REQUIRE(b != nullptr);
+  std::atomic<bool> returned{false};
+  status canceled;
+  {
+    std::unique_lock in_free(b->submit_mu);
+    std::thread canceler([&] {
+      canceled = t->cancel(old_id);
+      returned = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(returned.load());  // cancel waits for the free in progress
+    const batch_id new_id = recycle_in_place(*b, old_id);
+    in_free.unlock();
+    canceler.join();
+    REQUIRE_FALSE(canceled);
+    CHECK(canceled.error().code == errc::unknown_batch);
+    CHECK_FALSE(b->canceled.load());
+    fake_submit(*b, 1, 1);
+    CHECK(rdma::detail::should_drop(b->tasks[0].slices[0]) == errc::ok);
+    rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+    CHECK(t->task_status(new_id, 0).value().state == transfer_state::completed);
+  }
+}
+
+// The same race with real frees and allocates: an owner allocates a batch,
+// shows its id to a canceler, frees it and allocates again (the table's only
+// slot, so the same batch_state comes back) for work of its own, while the
+// canceler keeps canceling the shown id.  A cancel may hit the shown batch
+// or miss it, never the next one.  Run under TSan by tools/sanitize.
+TEST_CASE("batch_table: cancels of a batch being freed never reach its next owner (stress)") {
+  auto t = make_table(1);
+  std::atomic<bool> stop{false};
+  std::atomic<batch_id> shown{0};
+  std::atomic<std::uint64_t> cycles{0}, stray{0}, hit{0};
+  std::thread owner([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const batch_id victim = t->allocate(4).value();
+      shown.store(victim);
+      for (int k = 0; k < 16; ++k) tide::detail::cpu_relax();
+      REQUIRE(t->free(victim));
+      const batch_id id = t->allocate(4).value();
+      auto* b = t->lookup(id);
+      fake_submit(*b, 1, 1);
+      if (rdma::detail::should_drop(b->tasks[0].slices[0]) != errc::ok) ++stray;
+      rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+      if (t->task_status(id, 0).value().state != transfer_state::completed) ++stray;
+      REQUIRE(t->free(id));
+      ++cycles;
+    }
+  });
+  std::thread canceler([&] {
+    while (!stop.load(std::memory_order_relaxed))
+      if (const batch_id id = shown.load(); id != 0 && t->cancel(id)) ++hit;
+  });
+  std::this_thread::sleep_for(stress_duration());
+  stop = true;
+  owner.join();
+  canceler.join();
+  MESSAGE("cycles " << cycles.load() << ", cancels that hit the shown batch " << hit.load());
+  CHECK(cycles.load() > 0);
+  CHECK(stray.load() == 0);
+}
+
+// Review turn 3, finding 21: wait() re-checked the id only while tasks were
+// unfinished, so a wait on an id freed (and handed out again, with nothing
+// pending) after its lookup returned ok.  The window is held open with the
+// batch's wait mutex, which wait takes after its lookup.
+TEST_CASE("batch_table: wait on an id freed and reallocated meanwhile is unknown_batch, not ok") {
+  auto t = make_table(1);
+  const batch_id old_id = t->allocate(2).value();
+  auto* b = t->lookup(old_id);
+  REQUIRE(b != nullptr);
+  status waited;
+  std::thread waiter;
+  {
+    std::unique_lock wait_mu(b->mu);
+    waiter = std::thread([&] { waited = t->wait(old_id, std::chrono::seconds(5)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (void)recycle_in_place(*b, old_id);
+  }
+  waiter.join();
+  REQUIRE_FALSE(waited);
+  CHECK(waited.error().code == errc::unknown_batch);
+}
+
+// Review turn 3, finding 21: a task whose every slice arrived was reported
+// TIMEOUT when its deadline passed first, so a caller redid a transfer whose
+// bytes were there.
+TEST_CASE("a task past its deadline whose slices all succeeded is COMPLETED; one with a dropped slice TIMEOUT") {
+  auto t = make_table(1);
+  const batch_id id = t->allocate(2).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 2, 2, std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  t->expire(*b);
+  REQUIRE(b->tasks[0].stop.load() == transfer_state::timeout);
+  for (auto& s : b->tasks[0].slices) rdma::detail::retire_slice(s, errc::ok);
+  rdma::detail::retire_slice(b->tasks[1].slices[0], errc::ok);
+  rdma::detail::retire_slice(b->tasks[1].slices[1], errc::timed_out);  // dropped before posting
+  const auto s0 = t->task_status(id, 0).value();
+  CHECK(s0.state == transfer_state::completed);
+  CHECK(s0.transferred_bytes == 20);
+  const auto s1 = t->task_status(id, 1).value();
+  CHECK(s1.state == transfer_state::timeout);
+  CHECK(s1.reason == errc::timed_out);
+  CHECK(t->free(id));
 }

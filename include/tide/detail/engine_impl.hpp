@@ -192,6 +192,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.context.rc.max_dest_rd_atomic = e->cfg_.max_rd_atomic;
   tc.context.signal_interval = e->cfg_.signal_interval;
   tc.context.endpoint_capacity = e->cfg_.endpoint_capacity;
+  tc.context.ready_ack_timeout = e->cfg_.ready_ack_timeout;
   if (e->cfg_.qp_retry_cnt > 7 || e->cfg_.qp_timeout > 31)
     return fail(errc::config_invalid, "qp_retry_cnt must be 0..7 and qp_timeout 0..31");
   tc.context.rc.retry_cnt = e->cfg_.qp_retry_cnt;
@@ -204,6 +205,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.transfer_timeout = e->cfg_.transfer_timeout;
   tc.custom_topology_json = e->cfg_.custom_topology_json;
   tc.max_batches = e->cfg_.max_batches;
+  tc.max_tasks_per_batch = e->cfg_.max_tasks_per_batch;
   tc.max_wrs_write = e->cfg_.max_wrs_write;
   tc.max_wrs_read = e->cfg_.max_wrs_read;
   tc.coalesce = e->cfg_.coalesce_requests;

@@ -37,8 +37,17 @@ namespace tide::rdma {
 
 class batch_table {
  public:
-  /// Errors: config_invalid (0 or more than 2^24 batches).
-  [[nodiscard]] static result<std::unique_ptr<batch_table>> create(std::size_t max_batches);
+  static constexpr std::size_t kDefaultMaxTasks = std::size_t{1} << 16;
+  static constexpr std::size_t kMaxTasksLimit = std::size_t{1} << 30;
+
+  /// A table of at most `max_batches` batches of at most `max_tasks` tasks
+  /// each.  A batch's memory (~128 B per task, rounded up to a power of two
+  /// of tasks) is never returned while the table lives, so the cap bounds
+  /// what one allocate can pin for good (review turn 3, finding 19).
+  /// Errors: config_invalid (0 or more than 2^24 batches, 0 or more than
+  /// 2^30 tasks).
+  [[nodiscard]] static result<std::unique_ptr<batch_table>> create(std::size_t max_batches,
+                                                                   std::size_t max_tasks = kDefaultMaxTasks);
 
   /// The live batch `id`, or nullptr (never allocated, freed, stale).
   [[nodiscard]] detail::batch_state* lookup(batch_id id) const noexcept;
@@ -47,8 +56,9 @@ class batch_table {
     return b.tag.load(std::memory_order_acquire) == live_tag(id);
   }
 
-  /// Errors: capacity_zero, resource_exhausted (max_batches alive; the
-  /// detail names the limit), out_of_memory.
+  /// Errors: capacity_zero, batch_too_large (above max_tasks; the detail
+  /// names the limit), resource_exhausted (max_batches alive; the detail
+  /// names the limit), out_of_memory.
   [[nodiscard]] result<batch_id> allocate(std::size_t capacity) noexcept;
   /// Errors: unknown_batch, batch_busy (tasks unfinished or slices in flight).
   [[nodiscard]] status free(batch_id id) noexcept;
@@ -72,6 +82,11 @@ class batch_table {
   /// condition variable until its last task ends or `timeout`.
   [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout,
                             std::chrono::microseconds spin = {}) noexcept;
+  /// Marks every task of batch `id` to end CANCELED, and the batch: a later
+  /// submit to it is refused (errc::canceled).  Serialised with submit and
+  /// free by the batch's submit mutex, and the id is checked again under
+  /// it, so a batch freed and handed out again meanwhile is left alone
+  /// (unknown_batch; review turn 3, finding 13).  Errors: unknown_batch.
   [[nodiscard]] status cancel(batch_id id) noexcept;
   /// Sets (or with nullptr clears) the listener told when the batch's last
   /// unfinished task turns final; told at once when none is unfinished.
@@ -80,11 +95,12 @@ class batch_table {
   [[nodiscard]] status watch(batch_id id, batch_listener* listener) noexcept;
 
   [[nodiscard]] std::size_t max_batches() const noexcept { return max_batches_; }
+  [[nodiscard]] std::size_t max_tasks() const noexcept { return max_tasks_; }
   /// Batches allocated and not freed (takes the allocation mutex).
   [[nodiscard]] std::size_t live_batches() const;
 
  private:
-  explicit batch_table(std::size_t max_batches);
+  batch_table(std::size_t max_batches, std::size_t max_tasks);
 
   // Walks the live batches under mu_ (so none is recycled meanwhile).
   template <class Pred>
@@ -103,6 +119,7 @@ class batch_table {
   static constexpr std::uint64_t live_tag(batch_id id) noexcept { return ((id >> 32) << 1) | 1u; }
 
   std::size_t max_batches_;
+  std::size_t max_tasks_;
   mutable std::mutex mu_;  ///< allocate / free; guards slot_count_, free_slots_, all_
   /// Slot i's current batch; written under mu_, read lock-free.
   std::unique_ptr<std::atomic<detail::batch_state*>[]> slots_;

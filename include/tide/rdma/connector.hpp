@@ -1,7 +1,8 @@
 #pragma once
 /// rdma::connector<P> — connection setup for one rdma_context, off the
-/// lanes: the active handshake runs on a small Boost.Asio thread pool, the
-/// passive one on the handshake service's thread.  Neither moves a QP: both
+/// lanes: the active handshake runs on the connector's own threads
+/// (detail::setup_pool: one more whenever every thread is blocked on a
+/// peer), the passive one on the handshake service's thread.  Neither moves a QP: both
 /// send "connect QP i" to lane i and wait (bounded) for every lane's answer
 /// before the endpoint becomes connected (and, passively, before replying).
 ///
@@ -23,14 +24,15 @@
 #include <tide/rdma/endpoint_store.hpp>
 #include <tide/rdma/lane.hpp>
 
-#include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
+#include <tide/rdma/detail/setup_pool.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <string_view>
 
 namespace tide::rdma {
 
@@ -43,15 +45,17 @@ class connector {
   using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
   /// How long a setup thread waits for the lanes' answers.
   static constexpr std::chrono::milliseconds kLaneAnswerTimeout{10000};
-  static constexpr std::size_t kThreads = 2;
+  /// How a rejection for a lost simultaneous open begins.
+  static constexpr std::string_view kLostRace = "simultaneous open: ";
 
   connector(rdma_context<P>& ctx, handshake_sender send) : ctx_(ctx), send_(std::move(send)) {}
   connector(const connector&) = delete;
   connector& operator=(const connector&) = delete;
   ~connector() { stop(); }
 
-  /// Refuses new work and joins the pool (a handshake in flight finishes
-  /// within its own timeouts).  Idempotent; setup path.
+  /// Refuses new work and joins the pool: a queued handshake gives up at
+  /// once, one in flight finishes within its own timeouts.  Idempotent;
+  /// setup path.
   void stop() noexcept {
     stopping_.store(true, std::memory_order_release);
     pool_.join();
@@ -65,7 +69,7 @@ class connector {
       return;
     }
     try {
-      boost::asio::post(pool_, [this, h]() mutable { run_active(h); });
+      if (!pool_.post([this, h]() mutable { run_active(h); })) fail_connect(*h, errc::endpoint_closed, "context stopping");
     } catch (...) {
       fail_connect(*h, errc::resource_exhausted, "cannot queue the handshake");
     }
@@ -82,6 +86,9 @@ class connector {
       r.reply_msg = std::move(why);
       return r;
     };
+    // Before the store is touched: a bad request must neither make QPs nor
+    // evict an idle endpoint a real peer still uses (finding 15).
+    if (auto ok = endpoint::check_request(req, ctx_.params().num_qp); !ok) return reject(ok.error().message());
     for (int attempt = 0; attempt < 3; ++attempt) {
       auto h = ctx_.endpoint_for(req.local_nic_path);
       if (!h) return reject(h.error().message());
@@ -96,7 +103,7 @@ class connector {
         return reply;
       }
       if (st == endpoint_state::connecting && ctx_.nic_path() < req.local_nic_path)
-        return reject("simultaneous open: " + ctx_.nic_path() + " connects as the active side");
+        return reject(std::string(kLostRace) + ctx_.nic_path() + " connects as the active side");
       if (st != endpoint_state::unconnected && st != endpoint_state::connecting) {
         // Connected to older peer QPs (the peer restarted or re-handshakes),
         // half set up, or being evicted: a fresh endpoint takes the request.
@@ -177,6 +184,13 @@ class connector {
 
   void run_active(const handle& h) noexcept {
     endpoint& e = *h;
+    if (stopping_.load(std::memory_order_acquire)) {  // queued before stop(): no network round trip now
+      std::unique_lock setup(e.setup_mutex());
+      if (e.state() != endpoint_state::connecting) return;
+      setup.unlock();
+      fail_connect(e, errc::endpoint_closed, "context stopping");
+      return;
+    }
     handshake_desc request;
     {
       std::lock_guard setup(e.setup_mutex());
@@ -193,14 +207,21 @@ class connector {
     if (e.state() != endpoint_state::connecting) return;  // the peer's request won, or evicted
     if (!reply) {
       setup.unlock();
-      fail_connect(e, reply.error().code, reply.error().message());
+      // net::exchange_handshake turns a reply_msg into handshake_rejected
+      // with the text after "<host:port>: ", so a lost simultaneous open
+      // arrives here: it is no failure (the peer's request is on its way).
+      // Taken for one, it failed the slices waiting for this endpoint
+      // (engine_test's simultaneous open, now and then).
+      const bool lost_race = reply.error().code == errc::handshake_rejected &&
+                             reply.error().detail.find(kLostRace) != std::string::npos;
+      fail_connect(e, lost_race ? errc::ok : reply.error().code, reply.error().message());
       return;
     }
     if (!reply->reply_msg.empty()) {
       setup.unlock();
       // Simultaneous open lost: the peer's own request is on its way and
       // will be accepted here; the lanes just look the endpoint up again.
-      const bool lost_race = reply->reply_msg.rfind("simultaneous open", 0) == 0;
+      const bool lost_race = reply->reply_msg.rfind(kLostRace, 0) == 0;
       fail_connect(e, lost_race ? errc::ok : errc::handshake_rejected,
                    e.peer_nic_path() + " rejected the connection: " + reply->reply_msg);
       return;
@@ -218,7 +239,13 @@ class connector {
       fail_connect(e, route.error().code, route.error().message());
       return;
     }
-    e.set_state(endpoint_state::establishing);
+    // CAS: an eviction since the check above (on_evict sets destroying
+    // without the setup mutex) must not be undone (finding 16).
+    if (!e.transition(endpoint_state::connecting, endpoint_state::establishing)) {
+      setup.unlock();
+      ctx_.lanes().wake_all();
+      return;
+    }
     auto shared_route = std::make_shared<const peer_route>(std::move(*route));
     if (auto r = establish(e, shared_route); !r) {
       setup.unlock();
@@ -249,7 +276,7 @@ class connector {
   rdma_context<P>& ctx_;
   handshake_sender send_;
   std::atomic<bool> stopping_{false};
-  boost::asio::thread_pool pool_{kThreads};
+  detail::setup_pool pool_;  // last: its threads go before the members they use
 };
 
 }  // namespace tide::rdma

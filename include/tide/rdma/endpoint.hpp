@@ -174,7 +174,11 @@ class endpoint {
   /// does): they are linked into `*unknown` for the caller to redo (READ and
   /// WRITE are idempotent).  Returns how many entries left the ring (s
   /// included); `s` itself is the caller's.
+  /// `s` must be in QP i's ring (in_ring).
   std::uint32_t complete_through(std::uint32_t i, const detail::slice* s, detail::slice** unknown = nullptr) noexcept;
+  /// True when `s` is in QP i's ring (a completion may name only such a
+  /// slice).  Compares pointers only: `s` is not read.  Lane i's thread.
+  [[nodiscard]] bool in_ring(std::uint32_t i, const detail::slice* s) const noexcept;
   /// Takes every slice still in QP i's ring (CQ error: no completion will
   /// come); the caller fails them.  Returns the chain (linked by next).
   [[nodiscard]] detail::slice* take_ring(std::uint32_t i) noexcept;
@@ -188,12 +192,26 @@ class endpoint {
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
   /// The store passes over it when choosing a victim: a handshake is in
   /// flight, or WRs / lane messages are outstanding (evicting it would throw
-  /// that work away and make the next insert start over).  Any thread.
+  /// that work away and make the next insert start over).  A ready ack past
+  /// its deadline no longer pins: a peer that crashed before its ack, or
+  /// whose ack was lost, must not hold two RTS QPs and a store slot for
+  /// good (review turn 3, finding 3).  Any thread.
   [[nodiscard]] bool pinned() const noexcept {
     const auto st = state();
-    return st == endpoint_state::connecting || st == endpoint_state::establishing ||
-           st == endpoint_state::connected_wait_ready_ack || outstanding() != 0;
+    if (st == endpoint_state::connected_wait_ready_ack && !ack_overdue()) return true;
+    return st == endpoint_state::connecting || st == endpoint_state::establishing || outstanding() != 0;
   }
+  /// True once the ready ack's deadline has passed.  Any thread.
+  [[nodiscard]] bool ack_overdue() const noexcept {
+    return std::chrono::steady_clock::now().time_since_epoch().count() >=
+           ack_deadline_ns_.load(std::memory_order_acquire);
+  }
+  /// Checks a Connection request before any endpoint is made or evicted for
+  /// it (review turn 3, finding 15): the sender's path is "<server>@<nic>",
+  /// it has `num_qp` QP numbers (24-bit, non-zero) and PSNs to match, and a
+  /// GID that is not all zero.  Errors: qp_count_mismatch,
+  /// handshake_rejected naming the field.  Any thread.
+  [[nodiscard]] static status check_request(const handshake_desc& req, std::uint32_t num_qp);
 
   /// endpoint_store's hook when the entry leaves the map: state destroying,
   /// every lane gets "QP i to ERR" (in-flight WRs flush, then the store
@@ -208,6 +226,10 @@ class endpoint {
   [[nodiscard]] std::vector<std::uint32_t> qp_nums() const;
   /// The lane whose QP has number `qp_num`, or -1.  Any thread.
   [[nodiscard]] int lane_of_qp(std::uint32_t qp_num) const noexcept;
+  /// QP i's number (fixed at create).  Any thread.
+  [[nodiscard]] std::uint32_t qp_num(std::uint32_t i) const noexcept { return qp_nums_[i]; }
+  /// The CQ QP i completes on (fixed at create).  Any thread.
+  [[nodiscard]] const ibv_cq* lane_cq(std::uint32_t i) const noexcept { return cqs_[i]->native_handle(); }
 
  private:
   endpoint(const endpoint_params& params, std::string peer);

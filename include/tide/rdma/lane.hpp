@@ -35,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -105,31 +106,64 @@ class lane {
     return {};
   }
 
-  /// Stops and joins the thread (it drains first, bounded).  Idempotent.
+  /// Stops and joins the thread (it drains first, bounded), then retires
+  /// what reached the queue after the thread's last look and answers the
+  /// mail it left.  From then on submit() retires and send() answers at
+  /// once (review turn 3, finding 2).  The idle strategy stays until the
+  /// lane is destroyed: a late wake() must find it.  Idempotent.
   void stop() noexcept {
     if (running_.exchange(false, std::memory_order_acq_rel)) {
       idle_->wake();
       if (thread_.joinable()) thread_.join();
     }
-    if (idle_ && cq_) idle_->detach(cq_->native_handle());
-    idle_.reset();
+    std::vector<lane_message> left;
+    {
+      std::lock_guard lock(mail_mu_);
+      closed_.store(true, std::memory_order_release);
+      left.swap(mail_);
+      has_mail_.store(false, std::memory_order_relaxed);
+    }
+    for (auto& m : left) answer_closed(m);
+    retire_chain(queue_.take_all(), errc::endpoint_closed);
+    if (idle_ && cq_ && !detached_) {
+      idle_->detach(cq_->native_handle());
+      detached_ = true;
+    }
   }
 
-  /// Queues the chain first..last (linked by next) and wakes the lane.
-  /// Hot path, any thread: one CAS plus the idle wake (a relaxed load, or
-  /// a futex/eventfd write when the lane sleeps).
+  /// Queues the chain first..last (linked by next) and wakes the lane; once
+  /// the lane has stopped, retires the chain instead (endpoint_closed).
+  /// Hot path, any thread: one load and one CAS plus the idle wake (a
+  /// relaxed load, or a futex/eventfd write when the lane sleeps).  The
+  /// transport stops retrying before it stops any lane, so nothing submits
+  /// while stop() runs.
   void submit(detail::slice* first, detail::slice* last) noexcept {
+    // acquire: pairs with the release store in stop().
+    if (closed_.load(std::memory_order_acquire)) [[unlikely]] {
+      last->next = nullptr;
+      retire_chain(first, errc::endpoint_closed);
+      return;
+    }
     queue_.push(first, last);
     idle_->wake();
   }
 
-  /// Queues a control message and wakes the lane.  Any thread.
+  /// Queues a control message and wakes the lane; once the lane has
+  /// stopped, answers it at once (a connect fails).  Any thread.
   void send(lane_message m) {
+    bool queued = false;
     {
       std::lock_guard lock(mail_mu_);
-      mail_.push_back(std::move(m));
-      // release: pairs with the acquire load in pass().
-      has_mail_.store(true, std::memory_order_release);
+      if (!closed_.load(std::memory_order_relaxed)) {
+        mail_.push_back(std::move(m));
+        // release: pairs with the acquire load in pass().
+        has_mail_.store(true, std::memory_order_release);
+        queued = true;
+      }
+    }
+    if (!queued) {
+      answer_closed(m);
+      return;
     }
     idle_->wake();
   }
@@ -146,6 +180,24 @@ class lane {
     detail::slice* tail = nullptr;
     handle ep;
   };
+
+  // A message for a lane that has stopped: a connect fails, the hold ends.
+  static void answer_closed(lane_message& m) noexcept {
+    if (m.latch) m.latch->arrive(status{fail(error{errc::endpoint_closed, {}})});
+    if (m.ep != nullptr) m.ep->release();
+    m.ep = nullptr;
+    m.latch.reset();
+  }
+
+  // Retires every WR of a chain linked by next (the lane has stopped).
+  static void retire_chain(detail::slice* s, errc why) noexcept {
+    while (s != nullptr) {
+      detail::slice* next = s->next;
+      s->next = nullptr;
+      detail::retire_wr(*s, why);
+      s = next;
+    }
+  }
 
   static void bind_to_node(int node) noexcept {
     if (node < 0 || numa_available() < 0) return;
@@ -244,11 +296,15 @@ class lane {
     }
   }
 
-  // Retires the slices of tasks marked to stop (timeout, cancel) before posting.
-  static void drop_dead(group& g) noexcept {
+  // Retires the slices of tasks marked to stop (timeout, cancel) among the
+  // first `window` live slices of the group: those a post may take next.
+  // A walk of the whole queue on every pass made a big batch to one peer
+  // O(n^2) on the lane (review turn 3, finding 12); the rest of the queue is
+  // swept only when some task was marked since (post_pending).
+  static void drop_dead(group& g, std::size_t window) noexcept {
     detail::slice** link = &g.head;
-    g.tail = nullptr;
-    while (*link != nullptr) {
+    detail::slice* last_kept = nullptr;
+    for (std::size_t kept = 0; *link != nullptr && kept < window;) {
       detail::slice* s = *link;
       if (const errc why = detail::should_drop(*s); why != errc::ok) [[unlikely]] {
         *link = s->next;
@@ -256,9 +312,11 @@ class lane {
         detail::retire_wr(*s, why);
         continue;
       }
-      g.tail = s;
+      last_kept = s;
       link = &s->next;
+      ++kept;
     }
+    if (*link == nullptr) g.tail = last_kept;  // walked to the end (the old tail may be gone)
   }
 
   // Hands every slice of a group back to the transport with `e` (cold).
@@ -282,10 +340,16 @@ class lane {
     // gets its turn (no group can keep the CQ to itself).
     const std::size_t ng = groups_.size();
     if (ng != 0) rr_ = (rr_ + 1) % ng;
+    // A task was marked to stop since the last sweep: every queued slice is
+    // looked at once (its slices may wait behind a connect), else only the
+    // window a post can take.
+    const std::uint64_t marks = detail::stop_marks();
+    const bool sweep = marks != swept_marks_;
+    bool every_group = true;
     for (std::size_t k = 0; k < ng; ++k) {
       group& g = groups_[(rr_ + k) % ng];
       if (g.head == nullptr) continue;
-      drop_dead(g);
+      drop_dead(g, sweep ? std::numeric_limits<std::size_t>::max() : kDropWindow);
       if (g.head == nullptr) {
         g.path = nullptr;
         g.ep.reset();
@@ -323,10 +387,21 @@ class lane {
         continue;
       }
       if (!e.ready()) continue;
+      if (e.lane_cq(index_) != cq_->native_handle()) [[unlikely]] {
+        // Made from the CQ table just before this lane rebuilt its CQ: WRs
+        // posted here would complete where nobody polls (finding 9).
+        ctx_.retire_endpoint_ptr(&e);
+        g.ep.reset();
+        did = true;
+        continue;
+      }
       lane_qp& l = e.lane(index_);
       if (!l.rts) continue;  // an older QP state this lane has not seen yet: the message is queued
       const std::uint32_t credits = cq_capacity_ - std::min(cq_capacity_, cq_used_);
-      if (credits == 0) break;
+      if (credits == 0) {
+        every_group = false;
+        break;
+      }
       const bool was_idle = l.ring.empty();
       std::size_t posted = 0;
       std::size_t bytes = 0;
@@ -349,6 +424,7 @@ class lane {
         did = true;
       }
     }
+    if (every_group) swept_marks_ = marks;  // the groups after a break are swept next pass
     return did;
   }
 
@@ -375,7 +451,15 @@ class lane {
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[static_cast<std::size_t>(i)];
       auto* s = reinterpret_cast<detail::slice*>(wc.wr_id);
-      endpoint* e = s->ep;
+      // The QP names the endpoint, and its ring must hold the slice, before
+      // the slice is touched at all: a completion for a slice that is not
+      // there (stale, or for a WR since re-dispatched elsewhere) would
+      // retire work still on the wire, twice (review turn 3, finding 11).
+      endpoint* e = owner_of(wc.qp_num);
+      if (e == nullptr || !e->in_ring(index_, s)) [[unlikely]] {
+        stray_completion(wc, e);
+        continue;
+      }
       if (wc.status == IBV_WC_SUCCESS) [[likely]] {
         const std::uint32_t done = e->complete_through(index_, s);
         cq_used_ -= std::min(cq_used_, done);
@@ -407,42 +491,66 @@ class lane {
     return n;
   }
 
-  // The CQ failed: no completion will come for anything posted on it.  Fails
-  // every slice in this lane's rings with completion_queue_error (back to the
-  // transport for another path), fails every endpoint (each has a QP on this
-  // CQ) and rebuilds the CQ; the old one lives until its QPs are destroyed.
+  // The endpoint whose QP on this lane has number `qp_num`: one with WRs in
+  // this lane's rings (posted_), or none.  Lane thread.
+  [[nodiscard]] endpoint* owner_of(std::uint32_t qp_num) const noexcept {
+    for (const auto& h : posted_)
+      if (h->qp_num(index_) == qp_num) return h.get();
+    return nullptr;
+  }
+
+  // A completion that names no slice of this lane's rings (cold): logged,
+  // and nothing retired.  An error one still fails its QP's endpoint.
+  void stray_completion(const ibv_wc& wc, endpoint* e) noexcept {
+    TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": completion (" << ibv_wc_status_str(wc.status)
+                               << ") on QP " << wc.qp_num << " for a WR not in its ring; ignored");
+    if (e != nullptr && wc.status != IBV_WC_SUCCESS) ctx_.retire_endpoint_ptr(e);
+  }
+
+  // The CQ failed: no completion will come for anything posted on it.  Takes
+  // every slice out of this lane's rings, rebuilds the CQ, fails every
+  // endpoint (each has a QP on the old CQ), and only then hands the slices
+  // back to the transport (completion_queue_error) for another path: in the
+  // other order an endpoint made between the two from the old CQ table
+  // survived with its QP on the abandoned CQ, and a retry could land on it
+  // (review turn 3, finding 9; post_pending also refuses such a QP).  The
+  // old CQ lives until its QPs are destroyed.
   void on_cq_error(const char* why) noexcept {
     TIDE_LOG_WARN(ctx_.name() << ": lane " << index_ << ": completion queue error (" << why
                               << "): failing its endpoints and rebuilding it");
     std::vector<handle> eps;
     eps.swap(posted_);
     cq_used_ = 0;
+    detail::slice* failed = nullptr;
+    detail::slice** link = &failed;
     for (auto& h : eps) {
       endpoint& e = *h;
       e.lane_error(index_);
       std::size_t n = 0;
-      for (detail::slice* s = e.take_ring(index_); s != nullptr;) {
-        detail::slice* next = s->next;
-        s->next = nullptr;
-        ++n;
-        ctx_.on_slice_failed(*s, errc::completion_queue_error);
-        s = next;
+      for (detail::slice* s = e.take_ring(index_); s != nullptr; s = s->next, ++n) {
+        *link = s;
+        link = &s->next;
       }
       e.release(n);
     }
     eps.clear();
-    ctx_.cq_failed(index_);
-    auto fresh = ctx_.rebuild_cq(index_);
-    if (!fresh) {
+    if (auto fresh = ctx_.rebuild_cq(index_); fresh) {
+      idle_->detach(cq_->native_handle());
+      cq_ = std::move(*fresh);
+      if (auto r = idle_->attach(cq_->native_handle(), ctx_.channel(index_)); !r)
+        TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": " << r.error().message());
+      cq_capacity_ = static_cast<std::uint32_t>(std::max(1, cq_->capacity()));
+      native_cq_.store(cq_->native_handle(), std::memory_order_release);
+    } else {
       TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": cannot rebuild the CQ: " << fresh.error().message());
-      return;
     }
-    idle_->detach(cq_->native_handle());
-    cq_ = std::move(*fresh);
-    if (auto r = idle_->attach(cq_->native_handle(), ctx_.channel(index_)); !r)
-      TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": " << r.error().message());
-    cq_capacity_ = static_cast<std::uint32_t>(std::max(1, cq_->capacity()));
-    native_cq_.store(cq_->native_handle(), std::memory_order_release);
+    ctx_.cq_failed(index_);
+    for (detail::slice* s = failed; s != nullptr;) {
+      detail::slice* next = s->next;
+      s->next = nullptr;
+      ctx_.on_slice_failed(*s, errc::completion_queue_error);
+      s = next;
+    }
   }
 
   void drain_on_stop() noexcept {
@@ -487,6 +595,9 @@ class lane {
   std::uint32_t cq_capacity_ = 1;
   std::uint32_t cq_used_ = 0;  ///< WRs posted on this CQ's QPs, not yet retired
   std::atomic<bool> running_{false};
+  /// Set once by stop() (under mail_mu_) after the thread is gone.
+  std::atomic<bool> closed_{false};
+  bool detached_ = false;  ///< stop() detached the idle strategy from cq_
   std::thread thread_;
   alignas(64) detail::slice_queue queue_;
   alignas(64) std::atomic<bool> has_mail_{false};
@@ -494,6 +605,8 @@ class lane {
   std::vector<lane_message> mail_;
   std::vector<group> groups_;   ///< queued slices per peer NIC path
   std::size_t rr_ = 0;          ///< the group post_pending starts with
+  std::uint64_t swept_marks_ = 0;  ///< detail::stop_marks() at the last full sweep
+  static constexpr std::size_t kDropWindow = 64;  ///< >= the WRs one post takes
   std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
 };
 

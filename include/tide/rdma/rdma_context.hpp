@@ -117,6 +117,7 @@ class rdma_context {
   /// destroyed.  MRs of this PD may be deregistered afterwards.
   /// Idempotent; setup path.
   void shutdown() noexcept {
+    begin_stop();
     connector_.stop();
     if (store_) (void)store_->clear();
     lanes_.stop();
@@ -141,9 +142,17 @@ class rdma_context {
   /// to the lanes, which decide where each is posted.  Hot path, any thread.
   void dispatch(detail::slice* first, detail::slice* last) noexcept { lanes_.dispatch(first, last); }
 
-  /// False after a device-fatal or port-error event, until the port is active again.
-  [[nodiscard]] bool active() const noexcept { return active_.load(std::memory_order_acquire); }
+  /// False after a device-fatal or port-error event, until the port is
+  /// active again, and for good once teardown began (begin_stop).
+  [[nodiscard]] bool active() const noexcept {
+    return active_.load(std::memory_order_acquire) && !stopping_.load(std::memory_order_acquire);
+  }
   void set_active(bool a) noexcept { active_.store(a, std::memory_order_release); }
+  /// Teardown began: the context is inactive from now on, whatever the port
+  /// does (a PORT_ACTIVE event cannot bring it back), so no lane makes new
+  /// endpoints and no retry picks it.  The transport calls it on every
+  /// context before it shuts the first one down (finding 2).  Any thread.
+  void begin_stop() noexcept { stopping_.store(true, std::memory_order_release); }
 
   /// Lane i's current CQ (setup path: lane start, endpoint creation).
   [[nodiscard]] std::shared_ptr<verbs::completion_queue> lane_cq(std::size_t i) const {
@@ -181,7 +190,9 @@ class rdma_context {
   }
 
   /// Removes the endpoint to `peer_path`, if any (it drains, then goes).
-  void close_endpoint(std::string_view peer_path) noexcept { (void)store_->erase(peer_path); }
+  void close_endpoint(std::string_view peer_path) noexcept {
+    if (store_) (void)store_->erase(peer_path);  // none after shutdown
+  }
 
   /// A slice failed here: back to the transport (another path, or FAILED).
   void on_slice_failed(detail::slice& s, errc e) noexcept { hooks_.failed(s, e); }
@@ -420,6 +431,7 @@ class rdma_context {
   endpoint_params params_;
   std::unique_ptr<store_type> store_;
   std::atomic<bool> active_{false};
+  std::atomic<bool> stopping_{false};  ///< begin_stop(): inactive for good
   std::atomic<std::uint64_t> slices_posted_{0};
   std::atomic<std::uint64_t> bytes_posted_{0};
   std::atomic<std::uint64_t> endpoints_created_{0};

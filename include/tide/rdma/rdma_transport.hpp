@@ -55,6 +55,7 @@ struct transport_config {
   std::chrono::milliseconds transfer_timeout{30000};
   std::string custom_topology_json;    ///< a priority matrix to use instead of the sysfs scan
   std::size_t max_batches = 4096;      ///< batches alive at once
+  std::size_t max_tasks_per_batch = batch_table::kDefaultMaxTasks;  ///< allocate_batch's cap
   std::uint32_t max_wrs_write = 32;    ///< WRs per WRITE request before its slices grow (plan/slice_planner.hpp)
   std::uint32_t max_wrs_read = 64;     ///< WRs per READ request before its slices grow
   std::uint64_t max_msg_size = 1u << 30;  ///< no WR longer (the devices' max_msg_sz when smaller)
@@ -91,6 +92,12 @@ class rdma_transport {
   rdma_transport(const rdma_transport&) = delete;
   rdma_transport& operator=(const rdma_transport&) = delete;
   ~rdma_transport();
+  /// Phase one of teardown (the destructor runs it): no retry from now on,
+  /// every context inactive, then each shuts down (its lanes flush and
+  /// drain, bounded).  Afterwards every submitted task is final and no WR
+  /// touches memory; a later submit ends its tasks FAILED.  Idempotent;
+  /// setup path, not concurrent with other calls of this transport.
+  void shutdown() noexcept;
 
   // ---- local memory (setup path; any thread) ----
   /// Registers [addr, addr+len) on every context with location tag
@@ -165,6 +172,12 @@ class rdma_transport {
   [[nodiscard]] plan::transport_stats stats() const;
   /// The rail table (tests, tools).
   [[nodiscard]] plan::rail_table& rails() noexcept { return rails_; }
+  /// Rail maps built so far, current or replaced (tests: a refresh that
+  /// changes no NIC builds none).  Any thread.
+  [[nodiscard]] std::size_t rail_maps_kept() const {
+    std::shared_lock lock(seg_mu_);
+    return rail_map_store_.size();
+  }
 
  private:
   explicit rdma_transport(const transport_config& cfg) : cfg_(cfg), rails_(cfg.rail) {}
@@ -212,6 +225,11 @@ class rdma_transport {
   [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
 
   [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests);
+  // Resolves every request into res (caller holds local_mu_ shared).  With
+  // `wanted` non-null, a request a fresh descriptor might resolve adds its
+  // target there (once) instead of failing; null: it fails.
+  [[nodiscard]] status resolve_all(std::span<const transfer_request> requests, std::span<resolved_request> res,
+                                   std::vector<segment_id>* wanted);
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
   // Waits (bounded) until `count` is 0, expiring timed-out tasks meanwhile.
   [[nodiscard]] bool drain(const std::atomic<std::size_t>& count) noexcept;
@@ -251,6 +269,8 @@ class rdma_transport {
   std::vector<const plan::rail_map*> rail_maps_;
   std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
 
+  /// shutdown() began: on_failed retires instead of retrying.
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace tide::rdma

@@ -16,7 +16,8 @@
 ///    the task (stop_task: the pending-final state); workers then drop its
 ///    slices that are not posted yet (should_drop) and the transport does
 ///    not retry them; the mark becomes the final state when the last slice
-///    retires.  wait() returns only then.
+///    retires.  wait() returns only then.  A task past its deadline whose
+///    slices all arrived ends COMPLETED: its data is there.
 ///  - First cause.  A task's reason is the first error that hit it (a slice
 ///    failure, a timeout, a cancel), with one refinement: a flush
 ///    (work_request_flushed) is only a consequence of another failure on
@@ -195,13 +196,23 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
   return false;
 }
 
+/// How many tasks have been marked to stop, process-wide: a lane that sees
+/// it change looks at every slice it has queued once (the others only where
+/// it posts next).  Relaxed: a lane that misses a mark for a pass drops the
+/// slices a pass later, or just before it posts them.
+inline std::atomic<std::uint64_t> stop_mark_count{0};
+[[nodiscard]] inline std::uint64_t stop_marks() noexcept { return stop_mark_count.load(std::memory_order_relaxed); }
+
 /// Marks task `t` to end as `why` (timeout or canceled) with cause `e`.
 /// It becomes final when its last slice retires (see the top).  Any thread;
 /// the first mark wins, a final task is left alone.
 inline void stop_task(task_state& t, transfer_state why, errc e) noexcept {
   if (is_final(t.state.load(std::memory_order_acquire))) return;
   auto expected = transfer_state::pending;
-  if (t.stop.compare_exchange_strong(expected, why, std::memory_order_acq_rel)) note_cause(t, e, nullptr);
+  if (t.stop.compare_exchange_strong(expected, why, std::memory_order_acq_rel)) {
+    note_cause(t, e, nullptr);
+    stop_mark_count.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 /// ok, or why slice `s` must not be posted (or retried): its task was
@@ -234,9 +245,14 @@ inline void retire_slice(slice& s, errc e) noexcept {
   }
   if (t.slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     const transfer_state stop = t.stop.load(std::memory_order_acquire);
-    const transfer_state final_state = stop != transfer_state::pending ? stop
-                                       : t.any_failed.load(std::memory_order_relaxed) ? transfer_state::failed
-                                                                                       : transfer_state::completed;
+    const bool failed = t.any_failed.load(std::memory_order_relaxed);
+    // Every slice arrived: the data is there, so a deadline that passed
+    // meanwhile does not make it TIMEOUT (a caller would redo the transfer;
+    // review turn 3, finding 21).  A cancel still reads CANCELED.
+    const transfer_state final_state = stop == transfer_state::timeout && !failed ? transfer_state::completed
+                                       : stop != transfer_state::pending          ? stop
+                                       : failed                                   ? transfer_state::failed
+                                                                                  : transfer_state::completed;
     (void)finish_task(t, final_state);
   }
   // unregister_memory / close_segment may go ahead once these reach 0

@@ -16,7 +16,7 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   if (cfg.fragment_limit > cfg.slice_size)
     return fail(errc::config_invalid, "fragment_limit must be <= slice_size");
   if (cfg.max_retry > 64) return fail(errc::config_invalid, "max_retry must be <= 64");
-  auto batches = batch_table::create(cfg.max_batches);
+  auto batches = batch_table::create(cfg.max_batches, cfg.max_tasks_per_batch);
   if (!batches) return fail(batches.error());
   std::unique_ptr<rdma_transport> t(new rdma_transport(cfg));
   t->batches_ = std::move(*batches);
@@ -85,10 +85,21 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
 }
 
 template <class P>
+void rdma_transport<P>::shutdown() noexcept {
+  // Retries stop first, and every context turns inactive before any of them
+  // shuts down: a slice flushed while the lanes drain is retired, never
+  // handed to a lane (of this context or another) that has stopped or is
+  // about to (review turn 3, finding 2).
+  stopping_.store(true, std::memory_order_release);
+  for (auto& c : contexts_) c->begin_stop();
+  for (auto& c : contexts_) c->shutdown();
+}
+
+template <class P>
 rdma_transport<P>::~rdma_transport() {
   // Workers stop and endpoints go first (nothing touches batches or MRs
   // afterwards), then the MRs, then the PDs and devices.
-  for (auto& c : contexts_) c->shutdown();
+  shutdown();
   local_.clear();
   withdrawn_.clear();
   contexts_.clear();
@@ -327,14 +338,24 @@ status rdma_transport<P>::quiesce_segment(segment_id id, in_flight mode) noexcep
 template <class P>
 void rdma_transport<P>::drop_segment(segment_id id) {
   std::shared_ptr<const remote_segment> old;
+  std::vector<const std::string*> unused;  // paths of `old` no other open segment has
   {
     std::unique_lock lock(seg_mu_);
     if (id < segments_.size()) old = std::move(segments_[id]->view);
+    if (old)
+      for (const auto& path : old->nic_paths) {
+        // Another open segment with the same rdma_server_name reaches the
+        // same NICs: closing this one must not flush its traffic (finding 21).
+        bool shared = false;
+        for (std::size_t j = 0; j < segments_.size() && !shared; ++j)
+          if (const auto& v = segments_[j]->view; v)
+            shared = std::find(v->nic_paths.begin(), v->nic_paths.end(), path) != v->nic_paths.end();
+        if (!shared) unused.push_back(&path);
+      }
   }
   // Its endpoints go too (those with work in flight drain first).
-  if (old)
-    for (auto& c : contexts_)
-      for (const auto& path : old->nic_paths) c->close_endpoint(path);
+  for (auto& c : contexts_)
+    for (const std::string* path : unused) c->close_endpoint(*path);
 }
 
 // ---------------------------------------------------------------- batches
@@ -361,6 +382,9 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
   if (!batch_table::still(*b, id)) return fail(errc::unknown_batch, "submit: batch " + std::to_string(id) + " was freed");
+  // Its tasks would be dropped as CANCELED without a word (finding 13).
+  if (b->canceled.load(std::memory_order_acquire))
+    return fail(errc::canceled, "submit: batch " + std::to_string(id) + " was canceled; free it and allocate another");
   const std::size_t used = b->used.load(std::memory_order_relaxed);
   if (requests.size() > b->capacity - used)
     return fail(errc::batch_full, "submit: " + std::to_string(requests.size()) + " request(s) but the batch has room for " +
@@ -378,7 +402,32 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
     res = big;
   }
 
-  std::shared_lock local_lock(local_mu_);
+  // A forced refresh is a metadata round trip (in p2p mode a TCP exchange
+  // with the peer, bounded by metadata_timeout): at most one per target per
+  // submit, and never with the local buffer table locked, which would stall
+  // every register/unregister meanwhile (review turn 3, finding 8).  The
+  // batch's submit mutex stays held: the batch cannot go away under us.
+  std::vector<segment_id> wanted;
+  for (int pass = 0;; ++pass) {
+    std::shared_lock local_lock(local_mu_);
+    const bool may_refresh = pass == 0 && refresh_;
+    if (auto st = resolve_all(requests, res, may_refresh ? &wanted : nullptr); !st) return st;
+    // The local buffer table stays shared-locked through planning: res[].local points into it.
+    if (wanted.empty()) return plan_and_dispatch(*b, used, requests, res);
+    local_lock.unlock();
+    // A failed refresh leaves the old view: the second pass then reports
+    // what is wrong with the request against it.
+    for (const segment_id target : wanted) (void)refresh_(target);
+    wanted.clear();
+  }
+}
+
+template <class P>
+status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests, std::span<resolved_request> res,
+                                      std::vector<segment_id>* wanted) {
+  auto want = [&](segment_id target) {
+    if (std::find(wanted->begin(), wanted->end(), target) == wanted->end()) wanted->push_back(target);
+  };
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const auto& r = requests[i];
     auto where = [&] { return "request " + std::to_string(i) + ": "; };
@@ -388,56 +437,59 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
     if (res[i].local == nullptr)
       return fail(errc::unregistered_source, where() + "source [" + std::to_string(src) + ", +" +
                                                  std::to_string(r.length) + ") is not inside registered memory");
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      {
-        std::shared_lock seg_lock(seg_mu_);
-        res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
-        res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
-      }
-      // The peer rejected one of this view's rkeys: read its descriptor again
-      // first, so a buffer it unregistered is out_of_bounds here.
-      if (attempt == 0 && res[i].slot != nullptr && res[i].slot->stale.load(std::memory_order_relaxed) &&
-          res[i].slot->stale.exchange(false, std::memory_order_relaxed) && refresh_ && refresh_(r.target))
+    {
+      std::shared_lock seg_lock(seg_mu_);
+      res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
+      res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
+    }
+    // The peer rejected one of this view's rkeys: read its descriptor again
+    // first, so a buffer it unregistered is out_of_bounds here.
+    if (wanted != nullptr && res[i].slot != nullptr && res[i].slot->stale.load(std::memory_order_relaxed) &&
+        res[i].slot->stale.exchange(false, std::memory_order_relaxed)) {
+      want(r.target);
+      continue;
+    }
+    if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
+    const remote_segment& seg = *res[i].seg;
+    if (r.buffer != transfer_request::kRawAddress) {
+      const int idx = seg.find_id(r.buffer);
+      // The forced refresh: the peer may have registered the buffer since.
+      if (idx < 0 && wanted != nullptr) {
+        want(r.target);
         continue;
-      if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
-      const remote_segment& seg = *res[i].seg;
-      if (r.buffer != transfer_request::kRawAddress) {
-        const int idx = seg.find_id(r.buffer);
-        // The forced refresh: the peer may have registered the buffer since.
-        if (idx < 0 && attempt == 0 && refresh_ && refresh_(r.target)) continue;
-        if (idx < 0)
-          return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has no buffer with id " +
-                                               std::to_string(r.buffer) + " (never registered, or unregistered)");
-        const auto& pb = seg.buffers[static_cast<std::size_t>(idx)];
-        if (r.target_offset > pb.length || r.length > pb.length - r.target_offset)
-          return fail(errc::out_of_bounds, where() + "offset " + std::to_string(r.target_offset) + " + length " +
-                                               std::to_string(r.length) + " exceeds buffer id " + std::to_string(r.buffer) +
-                                               " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
-        res[i].peer_buffer = idx;
-        res[i].remote_addr = pb.addr + r.target_offset;
-      } else {
-        res[i].peer_buffer = seg.find(r.target_offset, r.length);
-        res[i].remote_addr = r.target_offset;
       }
-      if (res[i].peer_buffer >= 0) {
-        // What the owner's descriptor grants; the NIC enforces the same through its MR.
-        const buffer_access a = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].access;
-        if (!(r.op == transfer_op::write ? allows_write(a) : allows_read(a))) [[unlikely]]
-          return fail(errc::remote_access_denied,
-                      where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
-                          std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
-                          std::string(to_string(a)) + " only");
-        break;
-      }
+      if (idx < 0)
+        return fail(errc::out_of_bounds, where() + "segment " + seg.name + " has no buffer with id " +
+                                             std::to_string(r.buffer) + " (never registered, or unregistered)");
+      const auto& pb = seg.buffers[static_cast<std::size_t>(idx)];
+      if (r.target_offset > pb.length || r.length > pb.length - r.target_offset)
+        return fail(errc::out_of_bounds, where() + "offset " + std::to_string(r.target_offset) + " + length " +
+                                             std::to_string(r.length) + " exceeds buffer id " + std::to_string(r.buffer) +
+                                             " of " + seg.name + " (" + std::to_string(pb.length) + " bytes)");
+      res[i].peer_buffer = idx;
+      res[i].remote_addr = pb.addr + r.target_offset;
+    } else {
+      res[i].peer_buffer = seg.find(r.target_offset, r.length);
+      res[i].remote_addr = r.target_offset;
+    }
+    if (res[i].peer_buffer < 0) {
       // The seeds' forced refresh: the peer may have registered more memory since.
-      if (attempt == 0 && refresh_ && refresh_(r.target)) continue;
+      if (wanted != nullptr) {
+        want(r.target);
+        continue;
+      }
       return fail(errc::out_of_bounds, where() + "[" + std::to_string(r.target_offset) + ", +" + std::to_string(r.length) +
                                            ") is outside every buffer of segment " + seg.name);
     }
+    // What the owner's descriptor grants; the NIC enforces the same through its MR.
+    const buffer_access a = seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].access;
+    if (!(r.op == transfer_op::write ? allows_write(a) : allows_read(a))) [[unlikely]]
+      return fail(errc::remote_access_denied,
+                  where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
+                      std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
+                      std::string(to_string(a)) + " only");
   }
-
-  // The local buffer table stays shared-locked through planning: res[].local points into it.
-  return plan_and_dispatch(*b, used, requests, res);
+  return {};
 }
 
 }  // namespace tide::rdma

@@ -72,6 +72,10 @@ status rdma_transport<P>::set_rail_map(segment_id id, const segment_desc& d) {
     peer_gids.push_back(i < d.devices.size() ? d.devices[i].gid.raw : plan::gid_raw{});
   auto m = std::make_unique<const plan::rail_map>(plan::rail_map::build(rails_, local_gids, seg.nic_paths, peer_gids));
   if (rail_maps_.size() <= id) rail_maps_.resize(id + 1, nullptr);
+  // A refresh that changed no NIC keeps the map slices already point at: a
+  // new one per refresh was kept for the engine's life (finding 8).
+  if (const plan::rail_map* cur = rail_maps_[id]; cur != nullptr && cur->peer_ids == m->peer_ids && cur->ranked == m->ranked)
+    return {};
   rail_maps_[id] = m.get();
   rail_map_store_.push_back(std::move(m));
   return {};
@@ -212,6 +216,12 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
 template <class P>
 void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   detail::release_charge(s, true);
+  // Teardown: the lanes are stopping one by one, so no retry may go to any
+  // of them (acquire: pairs with the release store in shutdown()).
+  if (stopping_.load(std::memory_order_acquire)) [[unlikely]] {
+    detail::retire_wr(s, e);
+    return;
+  }
   const std::int64_t now_us = plan::steady_now_us();
   if (s.rail != nullptr && plan::counts_against_rail(e) && s.rail->fail(now_us, rails_.config())) [[unlikely]] {
     const auto snap = s.rail->snapshot();
