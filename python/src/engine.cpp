@@ -43,6 +43,8 @@ pyb::tuple status_tuple(const engine_iface& e, const transfer_status& s) {
                          std::string(s.failed_peer_path));
 }
 
+using request_tuple = std::tuple<int, std::uintptr_t, segment_id, std::int64_t, std::uint64_t, std::size_t>;
+
 class py_engine {
  public:
   py_engine(const std::string& config_json, const std::string& policies, const std::string& metadata_kind) {
@@ -150,21 +152,58 @@ class py_engine {
   void free_batch(batch_id b) {
     unwrap(call([&](engine_iface& e) { return e.free_batch(b); }));
   }
-  /// requests: (op, source, segment, buffer id or -1 for a raw address, offset or address, length).
-  void submit(batch_id b, const std::vector<std::tuple<int, std::uintptr_t, segment_id, std::int64_t, std::uint64_t,
-                                                       std::size_t>>& requests) {
-    std::vector<transfer_request> reqs;
-    reqs.reserve(requests.size());
-    for (const auto& [op, src, seg, buf, off, len] : requests) {
-      if (op != 0 && op != 1) throw pyb::value_error("opcode must be 0 (read) or 1 (write), got " + std::to_string(op));
-      if (buf < -1 || buf >= static_cast<std::int64_t>(transfer_request::kRawAddress))
-        throw pyb::value_error("buffer id out of range: " + std::to_string(buf));
-      const auto o = op == 0 ? transfer_op::read : transfer_op::write;
-      reqs.push_back(buf < 0 ? transfer_request::at_address(o, as_pointer(src), seg, off, len)
-                             : transfer_request::in_buffer(o, as_pointer(src), seg, static_cast<std::uint32_t>(buf),
-                                                           off, len));
-    }
+  void submit(batch_id b, const std::vector<request_tuple>& requests) {
+    std::vector<transfer_request> reqs = to_requests(requests);
     unwrap(call([&](engine_iface& e) { return e.submit(b, reqs); }));
+  }
+  /// A whole synchronous batch in one call (what Mooncake's transfer_sync*
+  /// do): allocate, submit, wait until every task is final, free.  One GIL
+  /// release for all of it, retaken only for a signal check every 100 ms.
+  /// Past `timeout_s` (or on Ctrl-C) the batch is canceled and drained first,
+  /// so no DMA of it touches the caller's memory once this returns.
+  /// Returns (state, bytes, reason, device, path, timed_out) of the batch.
+  pyb::tuple transfer(const std::vector<request_tuple>& requests, double timeout_s) {
+    std::vector<transfer_request> reqs = to_requests(requests);
+    std::shared_ptr<core> c = live();
+    const auto deadline = steady_clock::now() + duration_cast<steady_clock::duration>(
+                                                    duration<double>(std::clamp(timeout_s, 0.0, 1e9)));
+    transfer_status s;
+    std::string device;
+    bool timed_out = false, interrupted = false;
+    error failure;
+    {
+      pyb::gil_scoped_release nogil;
+      engine_iface& e = *c->engine;
+      auto b = e.allocate_batch(reqs.size());
+      if (!b) failure = std::move(b.error());
+      else if (auto r = e.submit(*b, reqs); !r) failure = std::move(r.error());
+      while (b && failure.code == errc::ok) {
+        const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0),
+                                     milliseconds(100));
+        auto r = e.wait(*b, left);
+        if (r) break;
+        if (r.error().code != errc::timed_out) {
+          failure = std::move(r.error());
+        } else if (steady_clock::now() >= deadline) {
+          timed_out = true;
+        } else {
+          pyb::gil_scoped_acquire gil;
+          interrupted = PyErr_CheckSignals() != 0;
+        }
+        if (timed_out || interrupted) break;
+      }
+      if (b) {
+        if (timed_out || interrupted || failure.code != errc::ok) drain(e, *b);
+        s = e.batch_status(*b).value_or(transfer_status{});
+        if (s.failed_local_device != kNoDevice) device = e.device_name(s.failed_local_device);
+        if (auto r = e.free_batch(*b); !r && failure.code == errc::ok) failure = std::move(r.error());
+      }
+      c.reset();  // may be the last reference after a close(): torn down here, without the GIL
+    }
+    if (interrupted) throw pyb::error_already_set();
+    if (failure.code != errc::ok) raise(std::move(failure));
+    return pyb::make_tuple(static_cast<int>(s.state), s.transferred_bytes, static_cast<int>(s.reason), device,
+                           std::string(s.failed_peer_path), timed_out);
   }
   pyb::tuple task_status(batch_id b, std::size_t task) {
     std::shared_ptr<core> c = live();
@@ -281,6 +320,30 @@ class py_engine {
       throw pyb::value_error("in_flight mode must be 0 (reject), 1 (drain) or 2 (cancel)");
     return static_cast<in_flight>(mode);
   }
+  /// Requests as (op, source, segment, buffer id or -1 for a raw address,
+  /// offset or address, length).
+  static std::vector<transfer_request> to_requests(const std::vector<request_tuple>& requests) {
+    std::vector<transfer_request> reqs;
+    reqs.reserve(requests.size());
+    for (const auto& [op, src, seg, buf, off, len] : requests) {
+      if (op != 0 && op != 1) throw pyb::value_error("opcode must be 0 (read) or 1 (write), got " + std::to_string(op));
+      if (buf < -1 || buf >= static_cast<std::int64_t>(transfer_request::kRawAddress))
+        throw pyb::value_error("buffer id out of range: " + std::to_string(buf));
+      const auto o = op == 0 ? transfer_op::read : transfer_op::write;
+      reqs.push_back(buf < 0 ? transfer_request::at_address(o, as_pointer(src), seg, off, len)
+                             : transfer_request::in_buffer(o, as_pointer(src), seg, static_cast<std::uint32_t>(buf),
+                                                           off, len));
+    }
+    return reqs;
+  }
+  /// Cancels batch `b` and waits until its posted WRs complete or flush
+  /// (bounded by the QPs' retry timeout).  Without the GIL.
+  static void drain(engine_iface& e, batch_id b) {
+    (void)e.cancel(b);
+    while (!e.wait(b, milliseconds(100))) {
+      if (auto st = e.batch_status(b); !st) return;  // not a live batch (nothing submitted)
+    }
+  }
   std::shared_ptr<core> live() const {
     if (!core_) raise(error{errc::not_initialized, "the engine is closed"});
     return core_;
@@ -380,6 +443,9 @@ void init_engine(pyb::module_& m) {
       .def("allocate_batch", &py_engine::allocate_batch, pyb::arg("capacity"))
       .def("free_batch", &py_engine::free_batch, pyb::arg("batch"))
       .def("submit", &py_engine::submit, pyb::arg("batch"), pyb::arg("requests"))
+      .def("transfer", &py_engine::transfer, pyb::arg("requests"), pyb::arg("timeout"),
+           "allocate + submit + wait + free in one call without the GIL; a timed-out batch is canceled and drained "
+           "first.  Returns (state, bytes, reason, device, path, timed_out).")
       .def("task_status", &py_engine::task_status, pyb::arg("batch"), pyb::arg("task"))
       .def("batch_status", &py_engine::batch_status, pyb::arg("batch"))
       .def("wait", &py_engine::wait, pyb::arg("batch"), pyb::arg("timeout"))

@@ -436,9 +436,22 @@ class Engine:
         return batch
 
     def transfer(self, requests: Iterable[Request], timeout: Optional[float] = None) -> int:
-        """submit(), wait, free; returns the bytes moved or raises the first error."""
-        with self.submit(requests) as batch:
-            return batch.result(timeout)
+        """submit(), wait, free; returns the bytes moved or raises the first error.
+        Past `timeout` seconds the batch is canceled and drained, then
+        TransferTimeout is raised: no DMA of it touches the buffers afterwards."""
+        reqs = list(requests)
+        if not reqs:
+            return 0
+        wait_s = 1e9 if timeout is None else float(timeout)
+        *status, timed_out = self._core().transfer([r._native() for r in reqs], wait_s)
+        if timed_out:
+            raise class_for(code_of("timed_out"))(code_of("timed_out"), f"transfer unfinished after {wait_s} s "
+                                                                        "(canceled and drained)")
+        s = TaskStatus._of(tuple(status))
+        err = s.error()
+        if err is not None:
+            raise err
+        return s.bytes
 
     # -- notifications, stats --
     def notify(self, segment: Segment, message: str) -> None:

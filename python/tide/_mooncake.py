@@ -31,6 +31,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _tide
+from ._engine import State, TaskStatus
 from .errors import TideError
 
 _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
@@ -326,19 +327,13 @@ class TransferEngine:
             return self._fail(f"{method}: {e}")
         deadline = self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * sum(int(n) for n in lengths)
         try:
-            bid = engine.allocate_batch(len(requests))
+            # allocate, submit, wait, free: one call, one GIL release
+            *status, timed_out = engine.transfer(requests, deadline)
         except TideError as e:
             return self._fail(f"{method}: {e}")
-        try:
-            engine.submit(bid, requests)
-            state = _wait_final(engine, bid, deadline)
-        except TideError as e:
-            _drain_and_free(engine, bid)
-            return self._fail(f"{method}: {e}")
+        state = _outcome(status, deadline, timed_out)
         if state != "ok":
-            _drain_and_free(engine, bid)
             return self._fail(f"{method}: {state}")
-        _drain_and_free(engine, bid)
         if notify is not None:
             try:
                 engine.send_notify(self._segment(target_hostname), notify.msg, notify.name)
@@ -577,15 +572,19 @@ def _wait_final(engine, bid: int, timeout_s: float) -> str:
             raise
         engine.cancel(bid)
         engine.wait(bid, -1.0)  # posted WRs complete or flush: bounded by the QP's retry timeout
-        return f"timed out after {timeout_s:.3f} s (canceled and drained)"
-    state, nbytes, reason, device, path = engine.batch_status(bid)
-    if state == 2:
-        return "ok"
-    from .errors import class_for
+        return _outcome(engine.batch_status(bid), timeout_s, True)
+    return _outcome(engine.batch_status(bid), timeout_s, False)
 
-    why = class_for(reason)(reason).name if reason else "failed"
-    where = f" ({device} -> {path})" if path else ""
-    return f"transfer {['WAITING', 'PENDING', 'COMPLETED', 'FAILED', 'TIMEOUT', 'CANCELED'][state]}: {why}{where}"
+
+def _outcome(status, timeout_s: float, timed_out: bool) -> str:
+    """"ok" for a COMPLETED batch status tuple, else why not."""
+    if timed_out:
+        return f"timed out after {timeout_s:.3f} s (canceled and drained)"
+    s = TaskStatus._of(tuple(status))
+    if s.state == State.COMPLETED:
+        return "ok"
+    where = f" ({s.failed_device} -> {s.failed_path})" if s.failed_path else ""
+    return f"transfer {s.state.name}: {s.reason or 'failed'}{where}"
 
 
 def _drain_and_free(engine, bid: int) -> None:
