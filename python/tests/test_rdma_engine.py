@@ -71,6 +71,20 @@ def test_write_read_by_buffer_id_and_bounds(engine, target):
     assert target.ask(cmd="digest", seeds=[77] * NBLOCKS)["found"][5] == 77
 
 
+def test_transfer_past_its_timeout_is_drained_and_raises(engine, target):
+    seg = engine.open(target.hello["segment"])
+    ids = target.hello["ids"]
+    src = engine.register(np.frombuffer(pattern(5, BLOCK), np.uint8).copy())
+    with pytest.raises(tide.TransferTimeout, match="canceled and drained"):
+        engine.transfer([tide.write(src, seg, ids[i % NBLOCKS]) for i in range(256)], timeout=0.0)
+    # Final before the raise: nothing of it is in flight from the buffer any
+    # more (REJECT raises busy otherwise), and the engine still moves bytes.
+    src.unregister(tide.InFlight.REJECT)
+    src = engine.register(np.frombuffer(pattern(6, BLOCK), np.uint8).copy())
+    assert engine.transfer([tide.write(src, seg, ids[2])], timeout=60) == BLOCK
+    assert target.ask(cmd="digest", seeds=[6] * NBLOCKS)["found"][2] == 6
+
+
 def test_batch_status_cancel_and_free(engine, target):
     seg = engine.open(target.hello["segment"])
     ids = target.hello["ids"]
