@@ -39,7 +39,11 @@ perftest() {
         sleep 0.2
     done
     timeout 120 "$tool" -d "$cli" -x "$GID_INDEX" -p "$port" "$@" "$(dev_ip "$srv")" > "$WORK/pt-cli.log" 2>&1 || rc=$?
-    ((rc == 0)) || { echo "$tool $srv <- $cli $* failed ($rc):"; tail -n 5 "$WORK/pt-cli.log"; } >&2
+    # Its output goes to the log, not between a table's rows.
+    if ((rc != 0)); then
+        { echo "== $tool $srv <- $cli $* failed ($rc):"; cat "$WORK/pt-cli.log"; } >> "${TIDE_PERFTEST_LOG:-/dev/null}"
+        echo "$tool $srv <- $cli $* failed ($rc): $(grep -m1 -iE "can't|error|fail" "$WORK/pt-cli.log")" >&2
+    fi
     # The server ends with its client; one whose client never came would wait forever.
     for _ in $(seq 1 100); do kill -0 "$sp" 2> /dev/null || break; sleep 0.1; done
     kill "$sp" 2> /dev/null || true
