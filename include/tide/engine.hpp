@@ -22,6 +22,7 @@
 
 #include <tide/wire/descriptors.hpp>
 #include <tide/detail/notify_inbox.hpp>
+#include <tide/detail/notify_outbox.hpp>
 #include <tide/net/handshake_server.hpp>
 #include <tide/metadata/segment_cache.hpp>
 #include <tide/policies.hpp>
@@ -193,6 +194,20 @@ struct buffer_entry {
   std::size_t length = 0;
 };
 
+/// A message for the target of a submit's requests that arrives only after
+/// their data (transfer_engine::submit with a notification).  The target
+/// reads it with take_notifies() as a notify_desc{name, message}.
+struct notification {
+  /// The sender as the target sees it; "" = this engine's segment name.
+  /// With a cluster secret the target records the authenticated identity
+  /// instead, whatever this says.
+  std::string name;
+  std::string message;
+  /// name + message at most this many bytes (invalid_argument above): it
+  /// has to fit the receive buffers of the RDMA path (issue 18, part 2).
+  static constexpr std::size_t kMaxBytes = 4096;
+};
+
 template <class P = default_policies>
 class transfer_engine {
   // First, so a bad policy set fails here with the message naming the member
@@ -272,6 +287,22 @@ class transfer_engine {
   [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests) noexcept {
     return transport_->submit(b, requests);
   }
+  /// submit() plus a notification bound to these requests: the target's
+  /// take_notifies() yields `n` only once every byte of them is in its
+  /// memory, and never if any of them fails.  It is sent once the last of
+  /// this submit's tasks is final, if all of them COMPLETED; otherwise it is
+  /// dropped (outbox_stats().dropped_failed) and the tasks' status says why.
+  /// One message per submit, not per request.  Each submit to a batch may
+  /// carry its own notification, covering that submit's requests only.
+  /// Today it travels as Mooncake's notify message to the target's
+  /// handshake port after the data (so Mooncake peers take it too); a
+  /// refusal by the target's inbox bound is counted in outbox_stats().refused.
+  /// Errors: invalid_argument (no requests; requests to more than one
+  /// segment: one notification follows one target, so submit per segment;
+  /// name + message over notification::kMaxBytes), unknown_segment, and
+  /// submit()'s.  Nothing is submitted or sent on an error.
+  [[nodiscard]] status submit(batch_id b, std::span<const transfer_request> requests,
+                              const notification& n) noexcept;
   /// Final means final: a task is reported COMPLETED, FAILED, TIMEOUT or
   /// CANCELED only once none of its work requests can still touch local or
   /// remote memory (every slice completed, failed for good, was flushed or
@@ -321,6 +352,9 @@ class transfer_engine {
   [[nodiscard]] std::vector<notify_desc> take_notifies();
   /// The inbox's counters (what was refused, by which bound).
   [[nodiscard]] notify_stats notification_stats() const;
+  /// The counters of notifications sent with submits (sent, dropped because
+  /// a task failed, refused by the target, pending).  Any thread.
+  [[nodiscard]] notify_outbox_stats outbox_stats() const noexcept;
   /// The handshake server's counters (auth_failed: refused strangers).
   [[nodiscard]] net::handshake_server_stats handshake_stats() const noexcept;
 
@@ -336,6 +370,7 @@ class transfer_engine {
   explicit transfer_engine(engine_config cfg);
 
   status publish(const segment_desc& d);
+  status submit_notified(batch_id b, std::span<const transfer_request> requests, const notification& n);
   // The GID a Connection request without one refers to (open, one forced
   // refresh on a miss, close).
   result<gid_bytes> peer_gid(std::string_view segment, std::string_view device);

@@ -30,6 +30,8 @@ struct transfer_engine<P>::impl {
   /// handshake so the next one reads the store again.
   std::mutex rpc_mu;
   std::map<std::string, net::peer_address, std::less<>> rpc_addr;
+  /// Notifications of submits; emplaced by create() once the metadata cache exists.
+  std::optional<detail::notify_outbox> outbox;
 
   void forget_rpc_addresses() {
     std::lock_guard lock(rpc_mu);
@@ -49,6 +51,8 @@ transfer_engine<P>::~transfer_engine() {
   if (impl_->server) impl_->server->stop();
   impl_->transport.store(nullptr, std::memory_order_release);
   transport_.reset();
+  // Every task is final now: what the outbox holds is all it will get.
+  if (impl_->outbox) impl_->outbox->stop();
   if (cache_) {
     if (auto r = cache_->unpublish(name_); !r) TIDE_LOG_DEBUG("unpublish " << name_ << ": " << r.error().message());
     if constexpr (metadata_key_store<metadata_backend_type>) {
@@ -148,6 +152,19 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   ro.secret = im->secret;
   ro.identity = e->name_;
   transfer_engine* self = e.get();
+  // Mooncake's notify message to the target's handshake port (its rpc_meta
+  // address with etcd/http), as send_notify, but read afresh once when the
+  // peer may have moved.
+  im->outbox.emplace([ro, self, im](const std::string& segment, const notify_desc& n) -> status {
+    auto& backend = self->cache_->backend();
+    auto addr = detail::handshake_address(backend, self->cfg_.cluster_id, segment, im->rpc_mu, im->rpc_addr, false);
+    if (!addr) return fail(addr.error());
+    auto r = net::send_notify(addr->host, addr->port, n, ro);
+    if (r || r.error().code != errc::peer_unreachable) return r;
+    auto again = detail::handshake_address(backend, self->cfg_.cluster_id, segment, im->rpc_mu, im->rpc_addr, true);
+    if (!again || *again == *addr) return r;
+    return net::send_notify(again->host, again->port, n, ro);
+  });
   rdma::handshake_sender send = [ro, self, im](std::string_view peer_nic_path,
                                                const handshake_desc& d) -> result<handshake_desc> {
     auto path = net::split_nic_path(peer_nic_path);
@@ -350,6 +367,49 @@ status transfer_engine<P>::send_notify(segment_id target, std::string_view msg, 
   ro.identity = name_;
   return net::send_notify(addr->host, addr->port,
                           notify_desc{sender.empty() ? name_ : std::string(sender), std::string(msg)}, ro);
+}
+
+template <class P>
+status transfer_engine<P>::submit(batch_id b, std::span<const transfer_request> requests,
+                                  const notification& n) noexcept {
+  try {
+    return submit_notified(b, requests, n);
+  } catch (...) {  // bad_alloc before anything was submitted (the transport's own submit catches its own)
+    return fail(error{errc::out_of_memory, {}});
+  }
+}
+
+template <class P>
+status transfer_engine<P>::submit_notified(batch_id b, std::span<const transfer_request> requests,
+                                           const notification& n) {
+  if (requests.empty())
+    return fail(errc::invalid_argument, "submit: a notification needs at least one request (send_notify sends one alone)");
+  const segment_id target = requests[0].target;
+  for (std::size_t i = 1; i < requests.size(); ++i)
+    if (requests[i].target != target)
+      return fail(errc::invalid_argument, "submit: request " + std::to_string(i) + " goes to segment " +
+                                              std::to_string(requests[i].target) + ", request 0 to segment " +
+                                              std::to_string(target) +
+                                              ": a notification follows one target's requests; submit per segment");
+  if (n.name.size() + n.message.size() > notification::kMaxBytes)
+    return fail(errc::invalid_argument, "submit: notification name + message is " +
+                                            std::to_string(n.name.size() + n.message.size()) + " bytes, above " +
+                                            std::to_string(notification::kMaxBytes));
+  auto segment = cache_->name_of(target);
+  if (!segment) return fail(segment.error().code, "submit: " + segment.error().detail);
+  auto item = impl_->outbox->make(std::move(*segment), notify_desc{n.name.empty() ? name_ : n.name, n.message},
+                                  requests.size());
+  if (auto st = transport_->submit(b, requests, item.get()); !st) {
+    impl_->outbox->discard(std::move(item));
+    return st;
+  }
+  (void)item.release();  // its last task hands it to the outbox, which frees it
+  return {};
+}
+
+template <class P>
+notify_outbox_stats transfer_engine<P>::outbox_stats() const noexcept {
+  return impl_->outbox ? impl_->outbox->stats() : notify_outbox_stats{};
 }
 
 template <class P>

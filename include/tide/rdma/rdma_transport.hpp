@@ -137,8 +137,13 @@ class rdma_transport {
   [[nodiscard]] result<batch_id> allocate_batch(std::size_t capacity) noexcept { return batches_->allocate(capacity); }
   [[nodiscard]] status free_batch(batch_id id) noexcept { return batches_->free(id); }
   /// Errors: see transfer_engine::submit; out_of_memory.  Nothing is
-  /// submitted on an error.
-  [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests) noexcept;
+  /// submitted on an error.  With `group` (its `left` set to
+  /// requests.size() by the caller), every task of this submit joins it and
+  /// the last to turn final calls group->done(); on an error the group is
+  /// left untouched.  After a successful return the caller must not touch
+  /// the group (it may be done already).
+  [[nodiscard]] status submit(batch_id id, std::span<const transfer_request> requests,
+                              detail::task_group* group = nullptr) noexcept;
   [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept {
     return batches_->task_status(id, task);
   }
@@ -213,7 +218,7 @@ class rdma_transport {
   // transport_dispatch.hpp
   [[nodiscard]] status plan_and_dispatch(detail::batch_state& b, std::size_t used,
                                          std::span<const transfer_request> requests,
-                                         std::span<const resolved_request> res);
+                                         std::span<const resolved_request> res, detail::task_group* group);
   void on_failed(detail::slice& s, errc e) noexcept;
   void fill_candidates(const local_buffer& lb, std::uint64_t local_addr, const remote_segment& seg,
                        const remote_buffer& pb, std::uint64_t remote_addr, candidate_lists& out) const noexcept;
@@ -224,7 +229,8 @@ class rdma_transport {
   void dispatch_one(detail::slice& s) noexcept;
   [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
 
-  [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests);
+  [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests,
+                                       detail::task_group* group);
   // Resolves every request into res (caller holds local_mu_ shared).  With
   // `wanted` non-null, a request a fresh descriptor might resolve adds its
   // target there (once) instead of failing; null: it fails.

@@ -51,6 +51,23 @@ namespace tide::rdma::detail {
 struct task_state;
 struct batch_state;
 
+/// Tasks of one submit that someone waits on as a whole (a transfer-bound
+/// notification, transfer_engine::submit with a notification): finish_task
+/// counts each member down, and the last one to turn final calls done()
+/// with whether every member ended COMPLETED.  done() runs once, on the
+/// thread that retired the last member (a lane, or the submitting thread
+/// for a slice that never reached a NIC), before that batch's waiters wake;
+/// it must not block, throw or call into the transport.  The group must
+/// outlive its members' retirement; whoever done() hands it to owns it then.
+struct task_group {
+  std::atomic<std::size_t> left{0};     ///< members not final yet; the submitter sets it first
+  std::atomic<bool> failed{false};      ///< a member ended other than COMPLETED
+  virtual void done(bool all_completed) noexcept = 0;
+
+ protected:
+  ~task_group() = default;
+};
+
 /// One work request's worth of a transfer (<= slice_size bytes).
 struct slice {
   slice* next = nullptr;  ///< intrusive link for shard queues and post chains
@@ -106,6 +123,9 @@ struct task_state {
   /// (owned by the transport, which outlives every batch); set by submit.
   std::atomic<std::size_t>* local_inflight = nullptr;
   std::atomic<std::size_t>* segment_inflight = nullptr;
+  /// The group this task belongs to (null: none); set by submit before the
+  /// task is published, read once by finish_task.
+  task_group* group = nullptr;
 };
 
 struct batch_state {
@@ -163,12 +183,14 @@ inline void reset_task(task_state& t, std::size_t slice_count, segment_id target
   t.failed_path.store(nullptr, std::memory_order_relaxed);
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
   t.slices_left.store(static_cast<std::uint32_t>(slice_count), std::memory_order_relaxed);
+  t.group = nullptr;
   t.state.store(transfer_state::pending, std::memory_order_relaxed);
 }
 
 /// A freed batch's task goes back to WAITING (free_batch, no slice in flight).
 inline void recycle_task(task_state& t) noexcept {
   t.keep_alive.reset();
+  t.group = nullptr;
   t.local_inflight = nullptr;
   t.segment_inflight = nullptr;
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
@@ -183,6 +205,12 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
   while (!is_final(cur)) {
     if (t.state.compare_exchange_weak(cur, final_state, std::memory_order_acq_rel)) {
       batch_state& b = *t.batch;
+      // Before the batch's count: when wait() returns, the group has been told.
+      if (task_group* g = t.group) {
+        if (final_state != transfer_state::completed) g->failed.store(true, std::memory_order_relaxed);
+        // acq_rel: the last member sees every other member's `failed` store.
+        if (g->left.fetch_sub(1, std::memory_order_acq_rel) == 1) g->done(!g->failed.load(std::memory_order_relaxed));
+      }
       // The last task of a batch notifies under the mutex so a waiter between its
       // predicate check and its sleep cannot miss it (pairs with wait()).
       if (b.unfinished.fetch_sub(1, std::memory_order_acq_rel) == 1) {

@@ -361,9 +361,10 @@ void rdma_transport<P>::drop_segment(segment_id id) {
 // ---------------------------------------------------------------- batches
 
 template <class P>
-status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests) noexcept {
+status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> requests,
+                                 detail::task_group* group) noexcept {
   try {
-    return submit_or_throw(id, requests);
+    return submit_or_throw(id, requests, group);
   } catch (const std::bad_alloc&) {
     // Every allocation happens before the batch or a counter changes, so
     // nothing was submitted.  No detail: building one could throw again.
@@ -377,7 +378,8 @@ status rdma_transport<P>::submit(batch_id id, std::span<const transfer_request> 
 // vector and the tasks' slice vectors are sized before the first task or
 // in-flight counter is touched.
 template <class P>
-status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_request> requests) {
+status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_request> requests,
+                                          detail::task_group* group) {
   detail::batch_state* b = batches_->lookup(id);
   if (b == nullptr) return fail(errc::unknown_batch, "submit: unknown batch " + std::to_string(id));
   std::lock_guard submit_lock(b->submit_mu);
@@ -413,7 +415,7 @@ status rdma_transport<P>::submit_or_throw(batch_id id, std::span<const transfer_
     const bool may_refresh = pass == 0 && refresh_;
     if (auto st = resolve_all(requests, res, may_refresh ? &wanted : nullptr); !st) return st;
     // The local buffer table stays shared-locked through planning: res[].local points into it.
-    if (wanted.empty()) return plan_and_dispatch(*b, used, requests, res);
+    if (wanted.empty()) return plan_and_dispatch(*b, used, requests, res, group);
     local_lock.unlock();
     // A failed refresh leaves the old view: the second pass then reports
     // what is wrong with the request against it.

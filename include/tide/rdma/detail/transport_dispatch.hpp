@@ -84,7 +84,7 @@ status rdma_transport<P>::set_rail_map(segment_id id, const segment_desc& d) {
 template <class P>
 status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t used,
                                             std::span<const transfer_request> requests,
-                                            std::span<const resolved_request> res) {
+                                            std::span<const resolved_request> res, detail::task_group* group) {
   // Per submitting thread, reused: planning allocates only when a submit is bigger than any before.
   thread_local std::vector<plan::request_extent> extents;
   thread_local plan::slice_plan planned;
@@ -125,6 +125,7 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     detail::task_state& t = b.tasks[used + i];
     const std::uint32_t n = planned.requests[i].piece_count;
     detail::reset_task(t, n, requests[i].target, now + cfg_.transfer_timeout);
+    t.group = group;
     t.keep_alive = res[i].seg;
     // Counted under the local table's shared lock: unregister_memory sees it.
     t.local_inflight = &res[i].local->inflight;

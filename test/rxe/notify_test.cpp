@@ -1,0 +1,413 @@
+// Transfer-bound notifications (issue 18 part 1): submit(batch, requests,
+// notification) on real Soft-RoCE devices, every byte checked.
+//  - 1000 batches of random sizes, a window of them in flight, each with a
+//    notification: every one arrives exactly once, and when the target reads
+//    it the bytes of its requests are there (a slot is reused only after its
+//    notification was read, so an early one finds the previous batch's bytes);
+//    batches that fail on the wire (a peer buffer unregistered after the
+//    initiator resolved it) never notify.  With two NICs per side
+//    (tools/rxe-vm --nics 2 --topology rails) both rails carry the data.
+//  - a flood past the target's inbox bound: refused and counted on both
+//    sides, every byte still delivered, and the next notification gets in.
+//  - misuse: no requests, two segments, too long: invalid_argument.
+//  - with the cluster secret the sender is the authenticated identity.
+
+#include <doctest/doctest.h>
+
+#include <tide/engine.hpp>
+
+#include "devices_under_test.hpp"
+#include "rxe_helpers.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using tide::transfer_op;
+using tide::transfer_request;
+using tide::transfer_state;
+using tide::test::buffer;
+
+std::vector<std::string> words(const char* var) {
+  std::vector<std::string> out;
+  if (const char* s = std::getenv(var)) {
+    std::istringstream in(s);
+    for (std::string w; in >> w;) out.push_back(w);
+  }
+  return out;
+}
+
+// Two NICs per side in a --nics 2 VM, else one (the two devices under test).
+std::pair<std::vector<std::string>, std::vector<std::string>> sides() {
+  auto a = words("RXE_VM_SIDE_A"), b = words("RXE_VM_SIDE_B");
+  if (a.size() >= 2 && b.size() >= 2) {
+    a.resize(2);
+    b.resize(2);
+    return {a, b};
+  }
+  const auto d = tide::test::devices_under_test();
+  MESSAGE("one NIC per side (" << d[0] << ", " << d[1] << "); tools/rxe-vm --nics 2 gives two");
+  return {{d[0]}, {d[1]}};
+}
+
+tide::engine_config config(const std::vector<std::string>& devices) {
+  auto c = tide::test::config_for(devices);
+  c.max_retry = 1;  // a buffer gone at the peer fails soon
+  return c;
+}
+
+// One batch in flight: where its requests went, and what became of it.
+struct sent_batch {
+  tide::batch_id id = 0;
+  std::size_t slot = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> parts;  // (offset in the slot, length)
+  bool final = false;
+  bool completed = false;
+};
+
+constexpr std::size_t kPart = 256u << 10;  // request j of a batch lives at j * kPart of its slot
+constexpr std::size_t kParts = 4;
+constexpr std::size_t kSlotSize = kPart * kParts;
+constexpr std::size_t kSlots = 8;  // batches in flight at most
+
+std::string message_for(std::size_t index) { return "batch " + std::to_string(index); }
+
+}  // namespace
+
+TEST_CASE("1000 batches with notifications: each exactly once, after its data; none for a failed batch") {
+  const auto [side_a, side_b] = sides();
+  auto a = tide::test::make_engine(config(side_a));
+  auto b = tide::test::make_engine(config(side_b));
+  buffer src(kSlots * kSlotSize), dst(kSlots * kSlotSize);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  const auto seg = a->open_segment(b->segment_name()).value();
+  const auto dst_id = b->buffer_id(dst.data).value();
+
+  constexpr std::size_t kBatches = 1000;
+  constexpr std::size_t kFailEvery = 100;  // batch k * 100 + 50 fails on the wire
+  std::mt19937_64 rng(18);
+  std::map<std::size_t, sent_batch> open;  // by batch index: sent, notification not yet read (or failed)
+  std::vector<bool> slot_busy(kSlots, false);
+  std::vector<int> notified(kBatches, 0);
+  std::set<std::size_t> failed;
+  std::size_t completed = 0, bad_bytes = 0, stray = 0;
+
+  // The target's side: every notification read is checked against the bytes it stands for.
+  auto read_notifications = [&] {
+    for (const auto& n : b->take_notifies()) {
+      std::size_t index = kBatches;
+      if (n.notify_msg.rfind("batch ", 0) == 0) index = std::stoul(n.notify_msg.substr(6));
+      if (index >= kBatches) {
+        ++stray;
+        continue;
+      }
+      ++notified[index];
+      CHECK(n.name == a->segment_name());
+      auto it = open.find(index);
+      if (it == open.end() || failed.count(index) != 0) {
+        ++stray;  // a duplicate, or one for a failed batch
+        continue;
+      }
+      const auto& sb = it->second;
+      for (const auto& [off, len] : sb.parts) {
+        const std::size_t at = sb.slot * kSlotSize + off;
+        if (std::memcmp(src.data + at, dst.data + at, len) != 0) ++bad_bytes;
+      }
+      // The initiator may not have seen its batch final yet; the slot frees
+      // once both happened.
+      it->second.parts.clear();
+      it->second.parts.emplace_back(0, 0);  // marks "notification read"
+    }
+  };
+  auto notification_read = [](const sent_batch& sb) { return sb.parts.size() == 1 && sb.parts[0].second == 0; };
+  // The initiator's side: batches that turned final; a slot is free once its batch is final and,
+  // if it completed, its notification was read.
+  auto reap = [&] {
+    for (auto it = open.begin(); it != open.end();) {
+      auto& sb = it->second;
+      if (!sb.final) {
+        auto st = a->batch_status(sb.id);
+        REQUIRE(st);
+        if (st->state == transfer_state::pending) {
+          ++it;
+          continue;
+        }
+        sb.final = true;
+        sb.completed = st->state == transfer_state::completed;
+        if (sb.completed) ++completed;
+        else failed.insert(it->first);
+        REQUIRE(a->free_batch(sb.id));
+      }
+      if (!sb.completed || notification_read(sb)) {
+        slot_busy[sb.slot] = false;
+        it = open.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 600s;
+  auto pump_until = [&](auto done) {
+    while (!done()) {
+      read_notifications();
+      reap();
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline,
+                      open.size() << " batch(es) open, first " << open.begin()->first);
+      std::this_thread::sleep_for(100us);
+    }
+  };
+
+  std::vector<std::unique_ptr<buffer>> doomed;  // unregistered at the target, freed at the end
+  for (std::size_t k = 0; k < kBatches; ++k) {
+    const bool fail_this = k % kFailEvery == kFailEvery / 2;
+    std::optional<std::uint32_t> doomed_id;
+    if (fail_this) {
+      // Alone on the wire (a QP in error flushes its neighbours' WRs too): a
+      // buffer the initiator knows and the target then takes away.
+      pump_until([&] { return open.empty(); });
+      doomed.push_back(std::make_unique<buffer>(4096));
+      REQUIRE(b->register_memory(doomed.back()->data, 4096, "cpu:0"));
+      doomed_id = b->buffer_id(doomed.back()->data).value();
+      auto prime = transfer_request::in_buffer(transfer_op::write, src.data, seg, *doomed_id, 0, 64);
+      REQUIRE(tide::test::run_one(*a, prime));  // its submit refreshes a's view of b
+      REQUIRE(b->unregister_memory(doomed.back()->data));
+    }
+    pump_until([&] {
+      for (std::size_t s = 0; s < kSlots; ++s)
+        if (!slot_busy[s]) return true;
+      return false;
+    });
+    std::size_t slot = 0;
+    while (slot_busy[slot]) ++slot;
+    sent_batch sb;
+    sb.slot = slot;
+    const std::size_t nparts = 1 + rng() % kParts;
+    std::vector<transfer_request> reqs;
+    for (std::size_t j = 0; j < nparts; ++j) {
+      // Sizes from 1 byte to 256 KiB, skewed small.
+      const std::size_t len = std::max<std::size_t>(1, (rng() % kPart) >> (rng() % 10));
+      const std::size_t off = j * kPart;
+      const std::size_t at = slot * kSlotSize + off;
+      tide::test::fill(src.data + at, len, rng());
+      sb.parts.emplace_back(off, len);
+      reqs.push_back(transfer_request::in_buffer(transfer_op::write, src.data + at, seg, dst_id, at, len));
+    }
+    if (doomed_id) reqs.push_back(transfer_request::in_buffer(transfer_op::write, src.data, seg, *doomed_id, 0, 64));
+    auto batch = a->allocate_batch(reqs.size());
+    REQUIRE(batch);
+    sb.id = *batch;
+    auto s = a->submit(*batch, reqs, tide::notification{"", message_for(k)});
+    REQUIRE_MESSAGE(s, s.error().message());
+    slot_busy[slot] = true;
+    open.emplace(k, std::move(sb));
+    if (fail_this) {
+      pump_until([&] { return open.empty(); });
+      CHECK_MESSAGE(failed.count(k) == 1, "batch " << k << " with a request into an unregistered buffer did not fail");
+    }
+  }
+  pump_until([&] { return open.empty(); });
+  // A notification of a failed batch would have been sent by now: the
+  // outbox is empty and the target's inbox read once more.
+  pump_until([&] { return a->outbox_stats().pending == 0; });
+  std::this_thread::sleep_for(200ms);
+  read_notifications();
+
+  std::size_t missing = 0, twice = 0, for_failed = 0;
+  for (std::size_t k = 0; k < kBatches; ++k) {
+    if (failed.count(k) != 0) {
+      if (notified[k] != 0) ++for_failed;
+    } else if (notified[k] == 0) {
+      ++missing;
+    } else if (notified[k] > 1) {
+      ++twice;
+    }
+  }
+  const auto out = a->outbox_stats();
+  const auto in = b->notification_stats();
+  MESSAGE(completed << " batches completed, " << failed.size() << " failed; outbox: " << out.sent << " sent, "
+                    << out.dropped_failed << " dropped (failed), " << out.refused << " refused, " << out.send_errors
+                    << " errors; inbox: " << in.accepted << " accepted");
+  for (const auto& n : a->stats().nics) MESSAGE(n.name << ": " << n.bytes << " bytes, " << n.wrs << " WRs");
+  CHECK(failed.size() >= kBatches / kFailEvery);
+  CHECK(completed + failed.size() == kBatches);
+  CHECK(missing == 0);
+  CHECK(twice == 0);
+  CHECK(for_failed == 0);
+  CHECK(stray == 0);
+  CHECK(bad_bytes == 0);
+  CHECK(out.submitted == kBatches);
+  CHECK(out.sent == completed);
+  CHECK(out.dropped_failed == failed.size());
+  CHECK(out.refused + out.send_errors == 0);
+  CHECK(in.accepted == completed);
+  if (side_a.size() == 2)
+    for (const auto& n : a->stats().nics) CHECK_MESSAGE(n.bytes > 0, n.name << " carried nothing");
+}
+
+TEST_CASE("a flood past the target's inbox bound is refused and counted; the data path is unharmed") {
+  const auto [side_a, side_b] = sides();
+  auto ca = config(side_a);
+  auto cb = config(side_b);
+  cb.notify_max_count = 16;
+  cb.notify_rate_per_peer = 0;  // the count bound, not the rate bound, refuses here
+  auto a = tide::test::make_engine(ca);
+  auto b = tide::test::make_engine(cb);
+  constexpr std::size_t kFlood = 64, kSize = 64u << 10;
+  buffer src(kFlood * kSize), dst(kFlood * kSize);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  const auto seg = a->open_segment(b->segment_name()).value();
+  const auto dst_id = b->buffer_id(dst.data).value();
+  tide::test::fill(src.data, src.size, 7);
+
+  std::vector<tide::batch_id> batches;
+  for (std::size_t k = 0; k < kFlood; ++k) {
+    auto r = transfer_request::in_buffer(transfer_op::write, src.data + k * kSize, seg, dst_id, k * kSize, kSize);
+    auto batch = a->allocate_batch(1).value();
+    REQUIRE(a->submit(batch, {&r, 1}, tide::notification{"", "flood " + std::to_string(k)}));
+    batches.push_back(batch);
+  }
+  for (auto batch : batches) {
+    REQUIRE(a->wait(batch, 60s));
+    CHECK(a->batch_status(batch)->state == transfer_state::completed);
+    REQUIRE(a->free_batch(batch));
+  }
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  CHECK(std::memcmp(src.data, dst.data, src.size) == 0);
+  const auto out = a->outbox_stats();
+  const auto in = b->notification_stats();
+  MESSAGE("outbox: " << out.sent << " sent, " << out.refused << " refused; inbox: " << in.accepted << " accepted, "
+                     << in.dropped_count << " refused by the count bound");
+  CHECK(out.pending == 0);
+  CHECK(out.sent == 16);
+  CHECK(out.refused == kFlood - 16);
+  CHECK(in.accepted == 16);
+  CHECK(in.dropped_count == kFlood - 16);
+  auto got = b->take_notifies();
+  CHECK(got.size() == 16);
+  std::set<std::string> distinct;
+  for (const auto& n : got) distinct.insert(n.notify_msg);
+  CHECK(distinct.size() == 16);
+
+  // Room again: a transfer and its notification go through.
+  std::memset(dst.data, 0, kSize);
+  auto r = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, kSize);
+  auto batch = a->allocate_batch(1).value();
+  REQUIRE(a->submit(batch, {&r, 1}, tide::notification{"", "after"}));
+  REQUIRE(a->wait(batch, 60s));
+  REQUIRE(a->free_batch(batch));
+  std::vector<tide::notify_desc> after;
+  while (after.empty() && std::chrono::steady_clock::now() < until) {
+    after = b->take_notifies();
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(after.size() == 1);
+  CHECK(after[0].notify_msg == "after");
+  CHECK(std::memcmp(src.data, dst.data, kSize) == 0);
+}
+
+TEST_CASE("notification misuse is invalid_argument, and nothing is submitted") {
+  const auto [side_a, side_b] = sides();
+  auto a = tide::test::make_engine(config(side_a));
+  auto b = tide::test::make_engine(config(side_b));
+  auto c = tide::test::make_engine(config(side_b));
+  buffer src(8192), dst(8192), other(8192);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  REQUIRE(c->register_memory(other.data, other.size, "cpu:0"));
+  const auto sb = a->open_segment(b->segment_name()).value();
+  const auto sc = a->open_segment(c->segment_name()).value();
+  const auto ib = b->buffer_id(dst.data).value(), ic = c->buffer_id(other.data).value();
+  auto batch = a->allocate_batch(4).value();
+
+  auto s = a->submit(batch, {}, tide::notification{"", "nothing"});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::invalid_argument);
+
+  const std::vector<transfer_request> two{transfer_request::in_buffer(transfer_op::write, src.data, sb, ib, 0, 4096),
+                                          transfer_request::in_buffer(transfer_op::write, src.data, sc, ic, 0, 4096)};
+  s = a->submit(batch, two, tide::notification{"", "two targets"});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::invalid_argument);
+  CHECK(s.error().detail.find("segment") != std::string::npos);
+
+  const auto one = transfer_request::in_buffer(transfer_op::write, src.data, sb, ib, 0, 4096);
+  s = a->submit(batch, {&one, 1}, tide::notification{"", std::string(tide::notification::kMaxBytes + 1, 'x')});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::invalid_argument);
+
+  // A request the transport refuses: its error, and the notification is not counted.
+  const auto oob = transfer_request::in_buffer(transfer_op::write, src.data, sb, ib, 8000, 4096);
+  s = a->submit(batch, {&oob, 1}, tide::notification{"", "out of bounds"});
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code == tide::errc::out_of_bounds);
+
+  CHECK(a->batch_status(batch)->state == transfer_state::waiting);  // nothing went in
+  CHECK(a->outbox_stats().submitted == 0);
+  // Still usable: one good submit with its notification.
+  REQUIRE(a->submit(batch, {&one, 1}, tide::notification{"custom-name", "good"}));
+  REQUIRE(a->wait(batch, 60s));
+  REQUIRE(a->free_batch(batch));
+  std::vector<tide::notify_desc> got;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (got.empty() && std::chrono::steady_clock::now() < until) {
+    got = b->take_notifies();
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].name == "custom-name");  // no cluster secret: the name the sender gave
+  CHECK(got[0].notify_msg == "good");
+  CHECK(c->take_notifies().empty());
+}
+
+TEST_CASE("with the cluster secret the target records the authenticated sender, not the name a notification claims") {
+  const auto [side_a, side_b] = sides();
+  char path[] = "/tmp/tide-notify-sec-XXXXXX";
+  const int fd = ::mkstemp(path);  // 0600, as the secret must be
+  REQUIRE(fd >= 0);
+  std::string bytes(32, '\0');
+  std::mt19937 g(18);
+  for (auto& c : bytes) c = static_cast<char>(g());
+  REQUIRE(::write(fd, bytes.data(), bytes.size()) == 32);
+  ::close(fd);
+  auto ca = config(side_a), cb = config(side_b);
+  ca.auth_secret_file = cb.auth_secret_file = path;
+  auto a = tide::test::make_engine(ca);
+  auto b = tide::test::make_engine(cb);
+  ::unlink(path);
+  buffer src(65536), dst(65536);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  const auto seg = a->open_segment(b->segment_name()).value();
+  tide::test::fill(src.data, src.size, 3);
+  auto r = transfer_request::in_buffer(transfer_op::write, src.data, seg, b->buffer_id(dst.data).value(), 0, src.size);
+  auto batch = a->allocate_batch(1).value();
+  REQUIRE(a->submit(batch, {&r, 1}, tide::notification{"someone-else:1", "signed"}));
+  REQUIRE(a->wait(batch, 60s));
+  REQUIRE(a->free_batch(batch));
+  std::vector<tide::notify_desc> got;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (got.empty() && std::chrono::steady_clock::now() < until) {
+    got = b->take_notifies();
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].name == a->segment_name());
+  CHECK(got[0].notify_msg == "signed");
+  CHECK(std::memcmp(src.data, dst.data, src.size) == 0);
+}

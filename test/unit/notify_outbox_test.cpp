@@ -1,0 +1,186 @@
+// detail::notify_outbox and the task_group hook of finish_task, without
+// devices: a notification goes out once, after the last task of its submit
+// is final, only when all of them COMPLETED; refusals and errors are
+// counted; stop() delivers what is queued.  Tasks are retired with the
+// transport's own retire_slice, from several threads (run under TSan by
+// tools/sanitize).
+#include <tide/detail/notify_outbox.hpp>
+#include <tide/rdma/detail/batch.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace tide;
+using rdma::detail::batch_state;
+
+namespace {
+
+// What the send function saw, in order.
+struct fake_peer {
+  std::mutex mu;
+  std::vector<std::pair<std::string, notify_desc>> sent;
+  errc answer = errc::ok;  // ok, or the error every send returns
+  status send(const std::string& seg, const notify_desc& n) {
+    std::lock_guard lock(mu);
+    sent.emplace_back(seg, n);
+    if (answer != errc::ok) return fail(answer, "told to");
+    return {};
+  }
+  std::size_t count() {
+    std::lock_guard lock(mu);
+    return sent.size();
+  }
+};
+
+// Tasks [first, first + n) of `b` with `slices` slices each, joined to `g`, as plan_and_dispatch does.
+void submit(batch_state& b, std::size_t first, std::size_t n, std::size_t slices, rdma::detail::task_group* g) {
+  for (std::size_t i = first; i < first + n; ++i) {
+    rdma::detail::reset_task(b.tasks[i], slices, 0, std::chrono::steady_clock::now() + std::chrono::seconds(30));
+    b.tasks[i].group = g;
+    for (auto& s : b.tasks[i].slices) {
+      s = {};
+      s.task = &b.tasks[i];
+      s.length = 10;
+    }
+  }
+  b.unfinished.fetch_add(n);
+  b.inflight.fetch_add(n * slices);
+  b.used.store(first + n);
+}
+
+bool eventually(const std::function<bool()>& p) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!p()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("notify_outbox: sent once, only after the last task of its submit is final") {
+  fake_peer w;
+  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  batch_state b(8);
+  auto item = out.make("peer:1", notify_desc{"me", "hello"}, 3);
+  submit(b, 0, 3, 2, item.get());
+  (void)item.release();
+  CHECK(out.stats().pending == 1);
+  // Five of six slices back: nothing may go out yet.
+  for (std::size_t i = 0; i < 3; ++i) rdma::detail::retire_slice(b.tasks[i].slices[0], errc::ok);
+  rdma::detail::retire_slice(b.tasks[0].slices[1], errc::ok);
+  rdma::detail::retire_slice(b.tasks[1].slices[1], errc::ok);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(w.count() == 0);
+  CHECK(out.stats().sent == 0);
+  rdma::detail::retire_slice(b.tasks[2].slices[1], errc::ok);
+  REQUIRE(eventually([&] { return out.stats().sent == 1; }));
+  CHECK(w.count() == 1);
+  CHECK(w.sent[0].first == "peer:1");
+  CHECK(w.sent[0].second.name == "me");
+  CHECK(w.sent[0].second.notify_msg == "hello");
+  const auto st = out.stats();
+  CHECK(st.submitted == 1);
+  CHECK(st.pending == 0);
+  CHECK(st.dropped_failed == 0);
+}
+
+TEST_CASE("notify_outbox: a failed, timed-out or canceled task drops the notification, counted") {
+  fake_peer w;
+  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  batch_state b(16);
+  // One submit per way to end badly, plus a clean one that must still go out.
+  std::size_t used = 0;
+  for (int k = 0; k < 4; ++k) {
+    auto item = out.make("peer:1", notify_desc{"me", std::to_string(k)}, 2);
+    submit(b, used, 2, 1, item.get());
+    (void)item.release();
+    used += 2;
+  }
+  rdma::detail::retire_slice(b.tasks[0].slices[0], errc::ok);
+  rdma::detail::retire_slice(b.tasks[1].slices[0], errc::remote_access_error);  // k = 0: FAILED
+  rdma::detail::stop_task(b.tasks[2], transfer_state::timeout, errc::timed_out);
+  rdma::detail::retire_slice(b.tasks[2].slices[0], errc::timed_out);  // k = 1: TIMEOUT (dropped before posting)
+  rdma::detail::retire_slice(b.tasks[3].slices[0], errc::ok);
+  rdma::detail::stop_task(b.tasks[4], transfer_state::canceled, errc::canceled);
+  rdma::detail::retire_slice(b.tasks[4].slices[0], errc::canceled);  // k = 2: CANCELED
+  rdma::detail::retire_slice(b.tasks[5].slices[0], errc::ok);
+  rdma::detail::retire_slice(b.tasks[6].slices[0], errc::ok);  // k = 3: COMPLETED
+  rdma::detail::retire_slice(b.tasks[7].slices[0], errc::ok);
+  REQUIRE(eventually([&] { return out.stats().pending == 0; }));
+  const auto st = out.stats();
+  CHECK(st.dropped_failed == 3);
+  CHECK(st.sent == 1);
+  REQUIRE(w.count() == 1);
+  CHECK(w.sent[0].second.notify_msg == "3");
+}
+
+TEST_CASE("notify_outbox: a refusal and a send error are counted apart; a discarded item is not counted") {
+  fake_peer w;
+  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  batch_state b(4);
+  out.discard(out.make("peer:1", notify_desc{"me", "never"}, 1));
+  CHECK(out.stats().submitted == 0);
+  CHECK(out.stats().pending == 0);
+  {
+    std::lock_guard lock(w.mu);
+    w.answer = errc::handshake_rejected;
+  }
+  auto a = out.make("peer:1", notify_desc{"me", "a"}, 1);
+  submit(b, 0, 1, 1, a.get());
+  (void)a.release();
+  rdma::detail::retire_slice(b.tasks[0].slices[0], errc::ok);
+  REQUIRE(eventually([&] { return out.stats().refused == 1; }));
+  {
+    std::lock_guard lock(w.mu);
+    w.answer = errc::peer_unreachable;
+  }
+  auto c = out.make("peer:1", notify_desc{"me", "c"}, 1);
+  submit(b, 1, 1, 1, c.get());
+  (void)c.release();
+  rdma::detail::retire_slice(b.tasks[1].slices[0], errc::ok);
+  REQUIRE(eventually([&] { return out.stats().send_errors == 1; }));
+  CHECK(out.stats().sent == 0);
+  CHECK(out.stats().pending == 0);
+}
+
+TEST_CASE("notify_outbox: tasks retired from many threads; every notification exactly once, stop() drains") {
+  fake_peer w;
+  constexpr std::size_t kSubmits = 400, kTasks = 4, kSlices = 3;
+  std::vector<std::size_t> seen;
+  {
+    detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+    batch_state b(kSubmits * kTasks);
+    for (std::size_t k = 0; k < kSubmits; ++k) {
+      auto item = out.make("peer:1", notify_desc{"me", std::to_string(k)}, kTasks);
+      submit(b, k * kTasks, kTasks, kSlices, item.get());
+      (void)item.release();
+    }
+    // Four "lanes", each retiring every fourth slice of every task.
+    std::vector<std::thread> lanes;
+    for (std::size_t l = 0; l < 4; ++l)
+      lanes.emplace_back([&, l] {
+        std::size_t n = 0;
+        for (std::size_t t = 0; t < kSubmits * kTasks; ++t)
+          for (std::size_t s = 0; s < kSlices; ++s)
+            if (n++ % 4 == l) rdma::detail::retire_slice(b.tasks[t].slices[s], errc::ok);
+      });
+    for (auto& t : lanes) t.join();
+    CHECK(b.unfinished.load() == 0);
+    out.stop();  // every task is final: stop sends what is still queued
+    CHECK(out.stats().sent == kSubmits);
+    CHECK(out.stats().pending == 0);
+  }
+  REQUIRE(w.count() == kSubmits);
+  std::vector<int> times(kSubmits, 0);
+  for (const auto& [seg, n] : w.sent) ++times[std::stoul(n.notify_msg)];
+  for (std::size_t k = 0; k < kSubmits; ++k) CHECK_MESSAGE(times[k] == 1, "notification " << k);
+}
