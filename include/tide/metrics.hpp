@@ -17,7 +17,9 @@
 ///   tide_nic_errors_total{nic}                 WRs that failed on the NIC
 ///   tide_nic_inflight_bytes{nic}, tide_nic_inflight_work_requests{nic}
 ///   tide_nic_bandwidth_estimate_bytes_per_second{nic}
-///   tide_rail_state{local_nic,peer_nic,state}  1 for the rail's current state, 0 for the others
+///   tide_nic_up{nic}                           1 while the NIC's context is active
+///   tide_rail_state{local_nic,peer_nic,state}  1 for the rail's current state, 0 for the others:
+///                                              healthy, paused, probing, or local_nic_down
 ///   tide_rail_failures_total, tide_rail_pauses_total{local_nic,peer_nic}
 ///   tide_tasks_total{state}                    tasks that turned final, by final state
 ///   tide_task_errors_total{reason}             tasks that did not complete, by errc name
@@ -37,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tide::metrics {
 
@@ -50,6 +53,10 @@ struct handshake_client_stats {
 /// Everything metrics::format reads.
 struct inputs {
   rdma::plan::transport_stats transport;  ///< with every rail (stats(true))
+  /// Per local NIC (transport.nics' order): 1 while its context is active,
+  /// 0 once device or port errors disabled it (a link down).  Missing
+  /// entries count as active.
+  std::vector<std::uint8_t> nic_active;
   transfer_meter::snapshot tasks;
   net::handshake_server_stats server;
   handshake_client_stats client;

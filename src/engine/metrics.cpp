@@ -102,7 +102,15 @@ std::string_view state_label(transfer_state s) {
   }
 }
 
-void nics(writer& w, const rdma::plan::transport_stats& t) {
+bool active(const inputs& in, std::size_t nic) {
+  return nic >= in.nic_active.size() || in.nic_active[nic] != 0;
+}
+
+void nics(writer& w, const inputs& in) {
+  const rdma::plan::transport_stats& t = in.transport;
+  w.family("tide_nic_up", "gauge", "1 while the NIC's context is active; 0 after device or port errors disabled it.");
+  for (std::size_t i = 0; i < t.nics.size(); ++i)
+    w.sample("tide_nic_up", {{"nic", t.nics[i].name}}, active(in, i) ? std::uint64_t{1} : std::uint64_t{0});
   w.family("tide_nic_bytes_total", "counter", "Payload bytes of completed work requests initiated on this NIC.");
   for (const auto& n : t.nics) w.sample("tide_nic_bytes_total", {{"nic", n.name}}, n.bytes);
   w.family("tide_nic_work_requests_total", "counter", "Work requests dispatched to this NIC (retries included).");
@@ -119,17 +127,29 @@ void nics(writer& w, const rdma::plan::transport_stats& t) {
     w.sample_double("tide_nic_bandwidth_estimate_bytes_per_second", {{"nic", n.name}}, n.bandwidth_bps);
 }
 
-void rails(writer& w, const rdma::plan::transport_stats& t) {
+void rails(writer& w, const inputs& in) {
+  const rdma::plan::transport_stats& t = in.transport;
   if (t.rails.empty()) return;
+  // A rail whose local NIC is down carries nothing whatever its own health
+  // says (no slice is sent there to fail it): it reads local_nic_down.
+  auto nic_down = [&](const std::string& local) {
+    for (std::size_t i = 0; i < t.nics.size(); ++i)
+      if (t.nics[i].name == local) return !active(in, i);
+    return false;
+  };
   constexpr std::array<rdma::plan::rail_phase, 3> phases = {
       rdma::plan::rail_phase::healthy, rdma::plan::rail_phase::paused, rdma::plan::rail_phase::probing};
   w.family("tide_rail_state", "gauge",
-           "1 for the current state of the (local NIC, peer NIC) rail: healthy, paused (failed, cooling down) or "
-           "probing (one probe slice out).");
-  for (const auto& r : t.rails)
+           "1 for the current state of the (local NIC, peer NIC) rail: healthy, paused (failed, cooling down), "
+           "probing (one probe slice out) or local_nic_down (its local NIC is disabled).");
+  for (const auto& r : t.rails) {
+    const bool down = nic_down(r.local);
     for (const auto p : phases)
       w.sample("tide_rail_state", {{"local_nic", r.local}, {"peer_nic", r.peer}, {"state", to_string(p)}},
-               r.state.phase == p ? std::uint64_t{1} : std::uint64_t{0});
+               !down && r.state.phase == p ? std::uint64_t{1} : std::uint64_t{0});
+    w.sample("tide_rail_state", {{"local_nic", r.local}, {"peer_nic", r.peer}, {"state", "local_nic_down"}},
+             down ? std::uint64_t{1} : std::uint64_t{0});
+  }
   w.family("tide_rail_failures_total", "counter", "Slice failures reported against the rail.");
   for (const auto& r : t.rails)
     w.sample("tide_rail_failures_total", {{"local_nic", r.local}, {"peer_nic", r.peer}}, r.state.failures);
@@ -211,8 +231,8 @@ void notify(writer& w, const notify_stats& n) {
 
 std::string format(const inputs& in) {
   writer w;
-  nics(w, in.transport);
-  rails(w, in.transport);
+  nics(w, in);
+  rails(w, in);
   tasks(w, in.tasks);
   handshakes(w, in.server, in.client);
   notify(w, in.notify);

@@ -339,6 +339,8 @@ TEST_CASE("metrics::format: every line parses, TYPE before samples, escaped labe
   // Rail state: 1 for paused, 0 for the others.
   CHECK(find(p, "tide_rail_state", {{"state", "paused"}})->value == 1);
   CHECK(find(p, "tide_rail_state", {{"state", "healthy"}})->value == 0);
+  CHECK(find(p, "tide_rail_state", {{"state", "local_nic_down"}})->value == 0);
+  CHECK(find(p, "tide_nic_up", {{"nic", "rxe0"}})->value == 1);
   CHECK(find(p, "tide_rail_failures_total", {{"peer_nic", "10.0.0.2:15001@rxe1"}})->value == 3);
   CHECK(find(p, "tide_task_errors_total", {{"reason", "timed_out"}})->value == 1);
   CHECK(find(p, "tide_task_errors_total", {{"reason", "transport_retry_exceeded"}})->value == 1);
@@ -387,6 +389,18 @@ TEST_CASE("metrics::format: no rails, no errors: those families are left out, th
   CHECK(p.types.count("tide_rail_state") == 0);
   CHECK(p.types.count("tide_task_errors_total") == 0);
   CHECK(p.types.at("tide_transfer_latency_seconds") == "histogram");
+}
+
+TEST_CASE("metrics::format: a disabled local NIC reads local_nic_down on its rails, whatever their health") {
+  auto in = sample_inputs();
+  in.nic_active = {0, 1};  // rxe0 (the rail's local NIC) down
+  const parsed p = parse(metrics::format(in));
+  REQUIRE_MESSAGE(p.error.empty(), p.error);
+  CHECK(find(p, "tide_nic_up", {{"nic", "rxe0"}})->value == 0);
+  CHECK(find(p, "tide_nic_up", {{"nic", "we\"ird\\nic\nname"}})->value == 1);
+  CHECK(find(p, "tide_rail_state", {{"state", "local_nic_down"}})->value == 1);
+  CHECK(find(p, "tide_rail_state", {{"state", "paused"}})->value == 0);
+  CHECK(find(p, "tide_rail_state", {{"state", "healthy"}})->value == 0);
 }
 
 namespace {

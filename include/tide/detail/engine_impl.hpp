@@ -406,6 +406,8 @@ template <class P>
 std::string transfer_engine<P>::metrics_text() const {
   metrics::inputs in;
   in.transport = transport_->stats(true);
+  for (std::size_t i = 0; i < transport_->context_count(); ++i)
+    in.nic_active.push_back(transport_->context(i).active() ? 1 : 0);
   in.tasks = transport_->meter();
   in.server = handshake_stats();
   in.client = {impl_->handshakes_ok.load(std::memory_order_relaxed),
