@@ -8,7 +8,7 @@ TIDE_BUILD=${TIDE_BUILD:-$TIDE_ROOT/build}
 TIDE_PACKAGES=(meson ninja-build g++ pkg-config cmake libibverbs-dev librdmacm-dev libnuma-dev
                libboost-dev nlohmann-json3-dev doctest-dev libexpected-dev iproute2
                etcd-server curl clang libclang-rt-14-dev
-               libssl-dev openssl)
+               libssl-dev openssl prometheus)
 
 tide_say() { echo "[tide] $*" >&2; }
 tide_die() { tide_say "ERROR: $*"; exit 1; }

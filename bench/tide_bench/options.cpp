@@ -139,6 +139,13 @@ result<bench_options> parse_options(int argc, const char* const* argv,
          return {};
        }},
       {"json", [&](std::string_view v) -> status { o.json_path = v; return {}; }},
+      {"metrics_port", [&](std::string_view v) -> status {
+         auto n = parse_number<std::uint32_t>("metrics_port", v);
+         if (!n) return fail(n.error());
+         if (*n == 0 || *n > 65535) return fail(errc::invalid_argument, "--metrics_port must be in 1..65535");
+         o.metrics_port = static_cast<std::uint16_t>(*n);
+         return {};
+       }},
   };
   const std::map<std::string_view, bool*> bool_flags = {{"progress", &o.progress}, {"help", &o.help}};
 
@@ -205,6 +212,7 @@ std::string usage(const std::vector<std::string>& policy_names) {
   for (const auto& p : policy_names) os << ' ' << p;
   os << "\n"
         "  --json FILE         also write the report as JSON\n"
+        "  --metrics_port N    serve Prometheus metrics on http://127.0.0.1:N/metrics while running\n"
         "  --noprogress        no progress line on stderr\n";
   return os.str();
 }

@@ -37,6 +37,7 @@ struct bench_options {
   std::string policy = "default";
   std::string json_path;                  ///< empty: no JSON report
   std::string auth_secret_file;           ///< cluster secret (engine_config::auth_secret_file)
+  std::uint16_t metrics_port = 0;         ///< serve GET /metrics on 127.0.0.1 while running; 0 = off
   bool progress = true;                   ///< a progress line on stderr each second
   bool help = false;
 };

@@ -38,6 +38,31 @@ summary summarize(run_figures f, const bench_options& o) {
   return s;
 }
 
+std::array<latency_histogram::snapshot, 2> latency_delta(const transfer_meter::snapshot& before,
+                                                        const transfer_meter::snapshot& after) {
+  std::array<latency_histogram::snapshot, 2> out{};
+  for (std::size_t op = 0; op < 2; ++op)
+    for (std::size_t c = 0; c < kSizeClasses; ++c) {
+      const auto& a = after.latency[op][c];
+      const auto& b = before.latency[op][c];
+      for (std::size_t i = 0; i < latency_histogram::kBuckets; ++i) out[op].buckets[i] += a.buckets[i] - b.buckets[i];
+      out[op].sum_ns += a.sum_ns - b.sum_ns;
+    }
+  return out;
+}
+
+namespace {
+// "<= 50 us" (a bucket's upper bound), "> 10 s" for +Inf.
+std::string bound_text(std::int64_t ns) {
+  char buf[32];
+  if (ns < 0) return "> 10 s";
+  if (ns < 1'000'000) std::snprintf(buf, sizeof buf, "<= %lld us", static_cast<long long>(ns / 1000));
+  else if (ns < 1'000'000'000) std::snprintf(buf, sizeof buf, "<= %lld ms", static_cast<long long>(ns / 1'000'000));
+  else std::snprintf(buf, sizeof buf, "<= %lld s", static_cast<long long>(ns / 1'000'000'000));
+  return buf;
+}
+}  // namespace
+
 std::string format_report(const summary& s, const run_figures& f, const bench_options& o) {
   char buf[768];
   std::snprintf(buf, sizeof buf,
@@ -52,6 +77,16 @@ std::string format_report(const summary& s, const run_figures& f, const bench_op
                 s.requests_per_s, static_cast<unsigned long long>(f.failed_requests), s.p50_us, s.p99_us,
                 s.p999_us, f.cpu_seconds, s.cpu_s_per_gb);
   std::string out = buf;
+  // Per request, from the engine's telemetry (bucket bounds: 1-2-5 per decade).
+  for (std::size_t op = 0; op < 2; ++op) {
+    const auto& h = f.transfer_latency[op];
+    if (h.count() == 0) continue;
+    out += std::string("  transfer latency ") + (op == 0 ? "read" : "write") + " (per request, telemetry): p50 " +
+           bound_text(h.quantile_bound_ns(0.50)) + ", p90 " + bound_text(h.quantile_bound_ns(0.90)) + ", p99 " +
+           bound_text(h.quantile_bound_ns(0.99)) + ", p999 " + bound_text(h.quantile_bound_ns(0.999)) + " (" +
+           std::to_string(h.count()) + " requests, mean " +
+           std::to_string(static_cast<double>(h.sum_ns) / 1e3 / static_cast<double>(h.count())).substr(0, 8) + " us)\n";
+  }
   std::uint64_t all = 0;
   for (const auto& n : f.nics) all += n.bytes;
   for (const auto& n : f.nics) {
@@ -95,6 +130,16 @@ std::string format_json(const summary& s, const run_figures& f, const bench_opti
   j["nics"] = nlohmann::json::array();
   for (const auto& n : f.nics)
     j["nics"].push_back({{"name", n.name}, {"bytes", n.bytes}, {"wrs", n.wrs}, {"errors", n.errors}, {"bandwidth_bps", n.bandwidth_bps}});
+  j["transfer_latency"] = nlohmann::json::object();
+  for (std::size_t op = 0; op < 2; ++op) {
+    const auto& h = f.transfer_latency[op];
+    if (h.count() == 0) continue;
+    // Upper bounds of the histogram buckets holding each quantile (-1: above 10 s).
+    auto us = [&](double q) { const auto ns = h.quantile_bound_ns(q); return ns < 0 ? -1.0 : static_cast<double>(ns) / 1e3; };
+    j["transfer_latency"][op == 0 ? "read" : "write"] = {{"requests", h.count()}, {"mean_us", static_cast<double>(h.sum_ns) / 1e3 / static_cast<double>(h.count())},
+                                                         {"p50_us_le", us(0.5)}, {"p90_us_le", us(0.9)},
+                                                         {"p99_us_le", us(0.99)}, {"p999_us_le", us(0.999)}};
+  }
   j["rails"] = nlohmann::json::array();
   for (const auto& r : f.rails)
     j["rails"].push_back({{"local", r.local}, {"peer", r.peer}, {"state", r.state}, {"failures", r.failures}, {"pauses", r.pauses}});

@@ -3,6 +3,10 @@
 
 #include "options.hpp"
 
+#include <tide/telemetry.hpp>
+
+#include <array>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,7 +45,14 @@ struct run_figures {
   double first_batch_us = 0;             ///< thread 0's first batch, connection handshakes included
   std::vector<nic_figures> nics;         ///< per local NIC, so spraying and failover show
   std::vector<rail_figures> rails;
+  /// Per op (0 read, 1 write), every size class: the requests that turned
+  /// final in the window (the engine's telemetry histograms, deltas).
+  std::array<latency_histogram::snapshot, 2> transfer_latency{};
 };
+
+/// The histograms of `after` minus `before`, summed over size classes, per op.
+[[nodiscard]] std::array<latency_histogram::snapshot, 2> latency_delta(const transfer_meter::snapshot& before,
+                                                                       const transfer_meter::snapshot& after);
 
 struct summary {
   double throughput = 0;          ///< in options.unit per second

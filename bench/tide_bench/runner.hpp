@@ -49,6 +49,7 @@ inline engine_config bench_engine_config(const bench_options& o) {
   cfg.local_server_name = o.local_server_name;
   cfg.metadata = o.metadata_server;
   if (!o.auth_secret_file.empty()) cfg.auth_secret_file = o.auth_secret_file;
+  if (o.metrics_port != 0) cfg.metrics_port = o.metrics_port;  // 127.0.0.1 (engine_config::metrics_bind)
   cfg.devices = o.device_names;
   return cfg;
 }
@@ -79,6 +80,7 @@ int run_target(const bench_options& o) {
     return 1;
   }
   std::cout << "segment: " << (*engine)->segment_name() << std::endl;
+  if (o.metrics_port != 0) std::cout << "metrics: http://127.0.0.1:" << (*engine)->metrics_port() << "/metrics" << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
   return 0;
@@ -93,6 +95,7 @@ int run_initiator(const bench_options& o) {
     return 1;
   }
   auto& engine = **engine_r;
+  if (o.metrics_port != 0) std::cerr << "tide-bench: metrics: http://127.0.0.1:" << engine.metrics_port() << "/metrics\n";
   bench_buffer buf(o.buffer_size);
   if (buf.data() == nullptr) {
     std::cerr << "tide-bench: cannot allocate " << o.buffer_size << " bytes\n";
@@ -197,6 +200,7 @@ int run_initiator(const bench_options& o) {
   for (std::uint32_t t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
   while (warmed_up.load() < o.threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const auto nics0 = engine.stats().nics;  // after warm-up: the window's deltas only
+  const auto meter0 = engine.transport().meter();
   const double cpu0 = process_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   go = true;
@@ -231,6 +235,7 @@ int run_initiator(const bench_options& o) {
   f.batch_latency_us = std::move(latencies);
   f.open_segment_ms = open_segment_ms;
   f.first_batch_us = first_batch_us;
+  f.transfer_latency = latency_delta(meter0, engine.transport().meter());
   const auto end_stats = engine.stats();
   for (std::size_t i = 0; i < end_stats.nics.size(); ++i) {
     const auto& n = end_stats.nics[i];

@@ -145,6 +145,12 @@ struct engine_config {
   /// transfer ends within a few wire round trips, and waking a sleeping
   /// thread costs about as much again; a long one pays this much CPU once.
   std::chrono::microseconds wait_spin{200};
+  /// The Prometheus endpoint (GET /metrics, <tide/metrics.hpp>): 0 = off
+  /// (the default); else the port it listens on, on metrics_bind (key
+  /// "metrics_port", env TIDE_METRICS_PORT; "metrics_bind", TIDE_METRICS_BIND).
+  /// Loopback by default: the counters name peers and NICs.
+  std::uint16_t metrics_port = 0;
+  std::string metrics_bind = "127.0.0.1";
 
   /// Applies, in this order, the JSON file named by TIDE_CONFIG (apply_file)
   /// and the TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
@@ -153,7 +159,7 @@ struct engine_config {
   /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
   /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE,
   /// MAX_CQE, MAX_WR, MAX_RD_ATOMIC, MAX_INLINE, SIGNAL_INTERVAL,
-  /// AUTH_SECRET_FILE, HANDSHAKE_BIND, WAIT_SPIN_US.
+  /// AUTH_SECRET_FILE, HANDSHAKE_BIND, WAIT_SPIN_US, METRICS_PORT, METRICS_BIND.
   /// transfer_engine::create calls it.
   /// Errors: config_invalid naming the variable (or the file and key).
   [[nodiscard]] status apply_env();
@@ -313,6 +319,19 @@ class transfer_engine {
     return transport_->task_status(b, task);
   }
   [[nodiscard]] result<transfer_status> batch_status(batch_id b) noexcept { return transport_->batch_status(b); }
+  /// Per-request telemetry (<tide/telemetry.hpp>): submit, first post and
+  /// completion times, bytes, WRs, retries, the rails used, the reason.
+  /// Any thread, lock-free; complete once status_of reports the task final
+  /// (until then completion is zero and the counts partial).  Valid until
+  /// the batch is freed.  Errors: unknown_batch, unknown_task.
+  [[nodiscard]] result<transfer_telemetry> task_telemetry(batch_id b, std::size_t task) noexcept {
+    return transport_->task_telemetry(b, task);
+  }
+  /// The same summed over the batch's tasks (earliest submit and first
+  /// post, latest completion once all are final).  Errors: unknown_batch.
+  [[nodiscard]] result<transfer_telemetry> batch_telemetry(batch_id b) noexcept {
+    return transport_->batch_telemetry(b);
+  }
   /// Blocks until every task of the batch is final, so after it returns no
   /// DMA of the batch touches the user's memory any more, also for TIMEOUT
   /// and CANCELED tasks.  Polls for engine_config::wait_spin first, then
@@ -364,6 +383,15 @@ class transfer_engine {
   /// every rail that has failed, with its state (healthy, paused, probing).
   /// Any thread; not for the hot path (copies names).
   [[nodiscard]] engine_stats stats() const { return transport_->stats(); }
+
+  /// The Prometheus text exposition (format 0.0.4) of this engine's
+  /// counters: per NIC and per rail, task outcomes and errors, latency
+  /// histograms, handshakes, the notification inbox (<tide/metrics.hpp>
+  /// lists the families).  Any thread; not for the hot path (a few
+  /// allocations, the rail table's registration mutex).
+  [[nodiscard]] std::string metrics_text() const;
+  /// The port the metrics endpoint listens on; 0 when it is off.
+  [[nodiscard]] std::uint16_t metrics_port() const noexcept;
 
  private:
   struct impl;

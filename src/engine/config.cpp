@@ -76,6 +76,7 @@ status each_number(engine_config& c, F&& f) {
   if (auto r = f("rail_cooldown_ms", "", c.rail_cooldown, 1, kMaxMs); !r) return r;
   if (auto r = f("rail_max_cooldown_ms", "", c.rail_max_cooldown, 1, kMaxMs); !r) return r;
   if (auto r = f("wait_spin_us", "WAIT_SPIN_US", c.wait_spin, 0, 1000000); !r) return r;
+  if (auto r = f("metrics_port", "METRICS_PORT", c.metrics_port, 0, 65535); !r) return r;
   if (auto r = f("etcd_verify_server", "ETCD_VERIFY_SERVER", c.etcd_verify_server, 0, 1); !r) return r;
   if (auto r = f("notify_max_count", "", c.notify_max_count, 1, 1LL << 32); !r) return r;
   if (auto r = f("notify_max_bytes", "", c.notify_max_bytes, 1, 1LL << 40); !r) return r;
@@ -90,6 +91,7 @@ status each_text(engine_config& c, F&& f) {
   if (auto r = f("metadata", "", c.metadata); !r) return r;
   if (auto r = f("cluster_id", "METADATA_CLUSTER_ID", c.cluster_id); !r) return r;
   if (auto r = f("bind_host", "HANDSHAKE_BIND", c.bind_host); !r) return r;
+  if (auto r = f("metrics_bind", "METRICS_BIND", c.metrics_bind); !r) return r;
   if (auto r = f("custom_topology_json", "CUSTOM_TOPO_JSON", c.custom_topology_json); !r) return r;
   if (auto r = f("sysfs_root", "", c.sysfs_root); !r) return r;
   if (auto r = f("etcd_ca_file", "ETCD_CA_FILE", c.etcd_ca_file); !r) return r;

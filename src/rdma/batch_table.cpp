@@ -1,5 +1,6 @@
 // rdma::batch_table (see the header).
 #include <tide/rdma/batch_table.hpp>
+#include <tide/rdma/detail/task_telemetry.hpp>
 
 #include <tide/detail/sharded_shared_mutex.hpp>  // cpu_relax
 
@@ -96,6 +97,7 @@ result<batch_id> batch_table::allocate(std::size_t capacity) noexcept {
       // free() pushes without allocating: room for every slot handed out.
       if (fresh) free_slots_.reserve(slot_count_ + 1);
       auto made = std::make_unique<detail::batch_state>(std::bit_ceil(capacity));
+      made->meter = &meter_;
       slot = fresh ? static_cast<std::uint32_t>(slot_count_) : free_slots_.back();
       const detail::batch_state* old = slots_[slot].load(std::memory_order_relaxed);
       made->tag.store(old != nullptr ? old->tag.load(std::memory_order_relaxed) : tag_of(0, false),
@@ -203,6 +205,26 @@ result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
   }
   if (any_pending) out.state = transfer_state::pending;
   if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
+  return out;
+}
+
+result<transfer_telemetry> batch_table::task_telemetry(batch_id id, std::size_t task) noexcept {
+  detail::batch_state* b = lookup(id);
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "telemetry: unknown batch ", id));
+  if (task >= b->used.load(std::memory_order_acquire))
+    return fail(describe(errc::unknown_task, "telemetry: this task was not submitted: ", task));
+  const transfer_telemetry out = detail::telemetry_of(b->tasks[task]);
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
+  return out;
+}
+
+result<transfer_telemetry> batch_table::batch_telemetry(batch_id id) noexcept {
+  detail::batch_state* b = lookup(id);
+  if (b == nullptr) return fail(describe(errc::unknown_batch, "telemetry: unknown batch ", id));
+  transfer_telemetry out;
+  const std::size_t n = b->used.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) detail::add_telemetry(out, detail::telemetry_of(b->tasks[i]));
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
   return out;
 }
 

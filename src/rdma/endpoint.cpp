@@ -1,5 +1,6 @@
 #include <tide/detail/log.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
+#include <tide/rdma/detail/task_telemetry.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/verbs/device.hpp>
 
@@ -10,6 +11,14 @@ namespace tide::rdma {
 namespace {
 
 constexpr std::size_t kMaxChain = 32;  // WRs per ibv_post_send
+
+// Takes back detail::note_posted_wr for a WR that ibv_post_send did not take
+// (it stays queued and is counted when it is posted).  The first-post stamp
+// stays: the post was attempted then.
+void unnote_posted_wr(const detail::slice& s) noexcept {
+  s.task->wrs.fetch_sub(1, std::memory_order_relaxed);
+  for (const detail::slice* r = s.rider; r != nullptr; r = r->rider) r->task->wrs.fetch_sub(1, std::memory_order_relaxed);
+}
 
 // A random 24-bit initial PSN (finding 19: a QP reused with PSN 0 could accept
 // a stale packet of its previous life).  Setup path.
@@ -205,6 +214,7 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
   std::size_t k = 0;
   std::size_t chain_bytes = 0;
   const std::uint32_t since_before = l.since_signal;
+  const std::int64_t now_ns = detail::steady_now_ns();  // telemetry: first post
   detail::slice* s = chain;
   // Everything read from the slices is read here, before ibv_post_send: after
   // it the NIC (and, through a completion, the batch roll-up) owns them.
@@ -228,6 +238,7 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
     s->ep = this;
     s->qp = static_cast<std::uint8_t>(i);
     chain_bytes += s->length;
+    detail::note_posted_wr(*s, now_ns);
     slices[k] = s;
     l.ring.push(s);
   }
@@ -243,6 +254,7 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
     l.ring.unpush(static_cast<std::uint32_t>(unposted));
     outstanding_.fetch_sub(unposted, std::memory_order_relaxed);
     l.since_signal = since_before;
+    for (std::size_t j = ok; j < k; ++j) unnote_posted_wr(*slices[j]);
     for (std::size_t j = 0; j < ok; ++j) bytes += sges[j].length;
     posted_total += ok;
     chain = slices[ok];  // never posted: still ours to read

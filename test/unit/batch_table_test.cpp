@@ -2,6 +2,7 @@
 // ids (stale, never allocated, exhausted), concurrent allocate / free /
 // lookup (run under TSan by tools/sanitize), first cause, final means final.
 #include <tide/rdma/batch_table.hpp>
+#include <tide/rdma/detail/task_telemetry.hpp>
 #include <tide/detail/sharded_shared_mutex.hpp>  // cpu_relax
 
 #include <doctest/doctest.h>
@@ -551,4 +552,59 @@ TEST_CASE("a task past its deadline whose slices all succeeded is COMPLETED; one
   CHECK(s1.state == transfer_state::timeout);
   CHECK(s1.reason == errc::timed_out);
   CHECK(t->free(id));
+}
+
+TEST_CASE("telemetry: lanes stamping a task while readers poll it and the meter; exact once final (TSan)") {
+  auto table = make_table(4);
+  const batch_id id = table->allocate(2).value();
+  auto* b = table->lookup(id);
+  REQUIRE(b != nullptr);
+  constexpr std::size_t kSlices = 4000;
+  fake_submit(*b, 2, kSlices / 2);
+  const auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  for (std::size_t t = 0; t < 2; ++t) rdma::detail::start_telemetry(b->tasks[t], transfer_op::write, 4096 * (t + 1), now_ns());
+  std::atomic<bool> done{false};
+  // Readers: the engine's telemetry calls and a metrics scrape, during the traffic.
+  std::thread reader([&] {
+    while (!done.load()) {
+      auto bt = table->batch_telemetry(id);
+      REQUIRE(bt);
+      CHECK(bt->wrs <= kSlices);
+      (void)table->task_telemetry(id, 1);
+      (void)table->meter().read();
+    }
+  });
+  // Two "lanes", each posting and retiring the slices of both tasks.
+  std::vector<std::thread> lanes;
+  for (std::size_t l = 0; l < 2; ++l)
+    lanes.emplace_back([&, l] {
+      for (std::size_t t = 0; t < 2; ++t)
+        for (std::size_t k = l; k < kSlices / 2; k += 2) {
+          auto& s = b->tasks[t].slices[k];
+          rdma::detail::note_posted(*s.task, static_cast<std::uint16_t>(l), static_cast<std::uint16_t>(l + 2), now_ns());
+          if (k % 100 == 0) rdma::detail::note_retry(*s.task);
+          rdma::detail::retire_slice(s, errc::ok);
+        }
+    });
+  for (auto& th : lanes) th.join();
+  done = true;
+  reader.join();
+  const auto bt = table->batch_telemetry(id).value();
+  CHECK(bt.state == transfer_state::completed);
+  CHECK(bt.tasks == 2);
+  CHECK(bt.wrs == kSlices);
+  CHECK(bt.retries == 2 * 20);
+  CHECK(bt.local_nics == 3u);
+  CHECK(bt.peer_nics == 12u);
+  CHECK(bt.bytes == 4096 * 3);
+  CHECK(bt.first_post >= bt.submit);
+  CHECK(bt.completion >= bt.first_post);
+  const auto m = table->meter().read();
+  CHECK(m.finals[0] == 2);
+  CHECK(m.latency[1][0].count() == 1);  // 4 KiB write
+  CHECK(m.latency[1][1].count() == 1);  // 8 KiB write: <= 64 KiB
+  REQUIRE(table->free(id));
 }

@@ -20,8 +20,9 @@ TEST_CASE("transfer_engine_bench flags parse in both gflags spellings") {
   auto o = parse({"--mode=initiator", "--segment_id", "10.47.0.1:15000", "--operation=write",
                   "--block_size=4K", "--batch_size", "16", "--threads=2", "--buffer_size=64M",
                   "--device_name=rxe0,rxe1", "--report_unit=MiB", "--duration=1.5", "--policy=fifo",
-                  "--noprogress"});
+                  "--noprogress", "--metrics_port=9464"});
   REQUIRE(o);
+  CHECK(o->metrics_port == 9464);
   CHECK(o->mode == tb::bench_mode::initiator);
   CHECK(o->segment_id == "10.47.0.1:15000");
   CHECK(o->operation == tb::bench_operation::write);
@@ -51,6 +52,8 @@ TEST_CASE("bad flags are rejected with the flag named") {
       {{"--mode=target", "--policy=nope"}, "no policy set named 'nope'"},
       {{"--mode=target", "--protocol=tcp"}, "--protocol"},
       {{"--mode=target", "--duration=-1"}, "--duration"},
+      {{"--mode=target", "--metrics_port=0"}, "--metrics_port must be in 1..65535"},
+      {{"--mode=target", "--metrics_port=70000"}, "--metrics_port must be in 1..65535"},
       {{"--mode=initiator"}, "--segment_id is required"},
       {{"--mode=target", "--duration"}, "needs a value"},
       {{"--mode=initiator", "--segment_id=x", "--buffer_size=1M", "--block_size=64K", "--batch_size=32",
@@ -93,4 +96,22 @@ TEST_CASE("percentiles by nearest rank, and the summary's units") {
   CHECK(s.throughput == doctest::Approx(1.0));   // GB/s
   CHECK(s.requests_per_s == doctest::Approx(500));
   CHECK(s.cpu_s_per_gb == doctest::Approx(0.5));
+}
+
+TEST_CASE("the report prints per-op transfer latency quantiles from the telemetry histograms") {
+  tide::transfer_meter m;
+  const auto before = m.read();
+  for (int i = 0; i < 1000; ++i) m.record(tide::transfer_op::write, 4096, i < 900 ? 15'000 : 150'000,
+                                          tide::transfer_state::completed, tide::errc::ok);
+  tb::run_figures f;
+  f.transfer_latency = tb::latency_delta(before, m.read());
+  CHECK(f.transfer_latency[1].count() == 1000);
+  CHECK(f.transfer_latency[0].count() == 0);
+  tb::bench_options o;
+  const auto text = tb::format_report(tb::summarize(f, o), f, o);
+  INFO(text);
+  CHECK(text.find("transfer latency write (per request, telemetry): p50 <= 20 us, p90 <= 20 us, p99 <= 200 us, "
+                  "p999 <= 200 us (1000 requests") != std::string::npos);
+  CHECK(text.find("transfer latency read") == std::string::npos);  // no reads: no line
+  CHECK(tb::format_json(tb::summarize(f, o), f, o).find("\"p99_us_le\": 200.0") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 
 #include <tide/detail/handshake_address.hpp>
 #include <tide/detail/log.hpp>
+#include <tide/metrics.hpp>
 #include <tide/net/address.hpp>
 #include <tide/net/handshake_client.hpp>
 #include <tide/net/handshake_server.hpp>
@@ -33,6 +34,16 @@ struct transfer_engine<P>::impl {
   /// Notifications of submits; emplaced by create() once the metadata cache exists.
   std::optional<detail::notify_outbox> outbox;
 
+  /// Handshakes this engine initiated, by outcome (the metrics).
+  std::atomic<std::uint64_t> handshakes_ok{0}, handshakes_failed{0}, handshakes_auth_failed{0};
+  void count_handshake(const result<handshake_desc>& r) noexcept {
+    auto& c = r ? handshakes_ok : r.error().code == errc::auth_failed ? handshakes_auth_failed : handshakes_failed;
+    c.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// The metrics endpoint (metrics_port != 0).  Owned here; stopped first in
+  /// ~transfer_engine, before anything its thread reads goes away.
+  std::unique_ptr<metrics::http_server> metrics_server;
+
   void forget_rpc_addresses() {
     std::lock_guard lock(rpc_mu);
     rpc_addr.clear();
@@ -48,6 +59,7 @@ transfer_engine<P>::transfer_engine(engine_config cfg)
 
 template <class P>
 transfer_engine<P>::~transfer_engine() {
+  impl_->metrics_server.reset();  // joins its thread: no scrape reads the transport below
   if (impl_->server) impl_->server->stop();
   impl_->transport.store(nullptr, std::memory_order_release);
   transport_.reset();
@@ -173,11 +185,19 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     auto addr = detail::handshake_address(backend, self->cfg_.cluster_id, path->server, im->rpc_mu, im->rpc_addr, false);
     if (!addr) return fail(addr.error());
     auto r = net::exchange_handshake(addr->host, addr->port, d, ro);
-    if (r || r.error().code != errc::peer_unreachable) return r;
+    if (r || r.error().code != errc::peer_unreachable) {
+      im->count_handshake(r);
+      return r;
+    }
     // The peer may have restarted on another port: read its rpc_meta again.
     auto again = detail::handshake_address(backend, self->cfg_.cluster_id, path->server, im->rpc_mu, im->rpc_addr, true);
-    if (!again || *again == *addr) return r;
-    return net::exchange_handshake(again->host, again->port, d, ro);
+    if (!again || *again == *addr) {
+      im->count_handshake(r);
+      return r;
+    }
+    auto second = net::exchange_handshake(again->host, again->port, d, ro);
+    im->count_handshake(second);
+    return second;
   };
   auto publish = [self](const segment_desc& d) { return self->publish(d); };
   auto refresh = [self, im](segment_id id) -> status {
@@ -241,6 +261,12 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     if (auto r = e->cache_->backend().put_key(key, encode_rpc_meta(host->host, im->server->port())); !r)
       return fail(r.error().code, "rpc_meta: " + r.error().detail);
     im->rpc_meta_key = key;
+  }
+  if (e->cfg_.metrics_port != 0) {
+    auto server = metrics::http_server::start(e->cfg_.metrics_bind, e->cfg_.metrics_port,
+                                              [self] { return self->metrics_text(); });
+    if (!server) return fail(server.error());
+    im->metrics_server = std::move(*server);
   }
   return e;
 }
@@ -434,6 +460,26 @@ std::vector<notify_desc> transfer_engine<P>::take_notifies() {
 template <class P>
 notify_stats transfer_engine<P>::notification_stats() const {
   return impl_->inbox.stats();
+}
+
+template <class P>
+std::string transfer_engine<P>::metrics_text() const {
+  metrics::inputs in;
+  in.transport = transport_->stats(true);
+  for (std::size_t i = 0; i < transport_->context_count(); ++i)
+    in.nic_active.push_back(transport_->context(i).active() ? 1 : 0);
+  in.tasks = transport_->meter();
+  in.server = handshake_stats();
+  in.client = {impl_->handshakes_ok.load(std::memory_order_relaxed),
+               impl_->handshakes_failed.load(std::memory_order_relaxed),
+               impl_->handshakes_auth_failed.load(std::memory_order_relaxed)};
+  in.notify = notification_stats();
+  return metrics::format(in);
+}
+
+template <class P>
+std::uint16_t transfer_engine<P>::metrics_port() const noexcept {
+  return impl_->metrics_server ? impl_->metrics_server->port() : 0;
 }
 
 template <class P>

@@ -23,6 +23,7 @@
 /// another batch's state (status calls re-check the tag after reading).
 
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/telemetry.hpp>
 #include <tide/result.hpp>
 #include <tide/transfer.hpp>
 
@@ -78,6 +79,13 @@ class batch_table {
 
   [[nodiscard]] result<transfer_status> task_status(batch_id id, std::size_t task) noexcept;
   [[nodiscard]] result<transfer_status> batch_status(batch_id id) noexcept;
+  /// A task's telemetry (<tide/telemetry.hpp>); partial until it is final.
+  /// Errors: unknown_batch, unknown_task.
+  [[nodiscard]] result<transfer_telemetry> task_telemetry(batch_id id, std::size_t task) noexcept;
+  /// The sum over the batch's submitted tasks.  Errors: unknown_batch.
+  [[nodiscard]] result<transfer_telemetry> batch_telemetry(batch_id id) noexcept;
+  /// Every batch's tasks record into this when they turn final.
+  [[nodiscard]] const transfer_meter& meter() const noexcept { return meter_; }
   /// Polls for `spin` (bounded by `timeout`), then sleeps on the batch's
   /// condition variable until its last task ends or `timeout`.
   [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout,
@@ -118,6 +126,7 @@ class batch_table {
 
   static constexpr std::uint64_t live_tag(batch_id id) noexcept { return ((id >> 32) << 1) | 1u; }
 
+  transfer_meter meter_;  ///< before the batches: they point at it
   std::size_t max_batches_;
   std::size_t max_tasks_;
   mutable std::mutex mu_;  ///< allocate / free; guards slot_count_, free_slots_, all_

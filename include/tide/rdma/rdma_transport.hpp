@@ -19,6 +19,7 @@
 #include <tide/rdma/batch_table.hpp>
 #include <tide/rdma/detail/batch.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
+#include <tide/rdma/detail/task_telemetry.hpp>
 #include <tide/rdma/plan/nic_load.hpp>
 #include <tide/rdma/plan/path_selector.hpp>
 #include <tide/rdma/plan/rail_health.hpp>
@@ -152,6 +153,14 @@ class rdma_transport {
     return batches_->wait(id, timeout, cfg_.wait_spin);
   }
   [[nodiscard]] status cancel(batch_id id) noexcept { return batches_->cancel(id); }
+  [[nodiscard]] result<transfer_telemetry> task_telemetry(batch_id id, std::size_t task) noexcept {
+    return batches_->task_telemetry(id, task);
+  }
+  [[nodiscard]] result<transfer_telemetry> batch_telemetry(batch_id id) noexcept {
+    return batches_->batch_telemetry(id);
+  }
+  /// Latency histograms and final-task counts of every batch so far.  Any thread.
+  [[nodiscard]] transfer_meter::snapshot meter() const noexcept { return batches_->meter().read(); }
   [[nodiscard]] status watch_batch(batch_id id, batch_listener* listener) noexcept {
     return batches_->watch(id, listener);
   }
@@ -173,8 +182,9 @@ class rdma_transport {
 
   /// Per-NIC bytes, WRs, errors, in-flight bytes and bandwidth, and every
   /// rail that has failed with its state.  Any thread; takes the rail
-  /// table's registration mutex (not a hot-path call).
-  [[nodiscard]] plan::transport_stats stats() const;
+  /// table's registration mutex (not a hot-path call).  `every_rail`: every
+  /// (local NIC, known peer NIC) rail, failed or not (the metrics' gauge).
+  [[nodiscard]] plan::transport_stats stats(bool every_rail = false) const;
   /// The rail table (tests, tools).
   [[nodiscard]] plan::rail_table& rails() noexcept { return rails_; }
   /// Rail maps built so far, current or replaced (tests: a refresh that

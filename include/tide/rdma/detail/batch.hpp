@@ -26,6 +26,7 @@
 ///    path it happened on.
 
 #include <tide/errc.hpp>
+#include <tide/telemetry.hpp>
 #include <tide/transfer.hpp>
 
 #include <atomic>
@@ -126,6 +127,17 @@ struct task_state {
   /// The group this task belongs to (null: none); set by submit before the
   /// task is published, read once by finish_task.
   task_group* group = nullptr;
+  // ---- telemetry (<tide/telemetry.hpp>, detail/task_telemetry.hpp): relaxed;
+  // done_ns is published with the final state. Steady-clock ns, 0 = not yet.
+  std::atomic<std::int64_t> submit_ns{0};
+  std::atomic<std::int64_t> first_post_ns{0};
+  std::atomic<std::int64_t> done_ns{0};
+  std::atomic<std::uint64_t> length{0};  ///< requested bytes
+  std::atomic<transfer_op> op{transfer_op::write};
+  std::atomic<std::uint32_t> wrs{0};
+  std::atomic<std::uint32_t> retries{0};
+  std::atomic<std::uint32_t> local_nics{0};  ///< bit per local device id
+  std::atomic<std::uint64_t> peer_nics{0};   ///< bit per peer devices[] index (63: >= 63)
 };
 
 struct batch_state {
@@ -149,6 +161,8 @@ struct batch_state {
   /// calls it under mu, so clearing it under mu ends every call).
   batch_listener* listener = nullptr;
   batch_id listener_id = 0;
+  /// The table's latency histograms and final-state counts (set by allocate).
+  transfer_meter* meter = nullptr;
 };
 
 /// Records `e` as the task's cause unless it has one; a flush gives way to
@@ -202,9 +216,17 @@ inline void recycle_task(task_state& t) noexcept {
 /// a task's last slice calls it.
 inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
   auto cur = t.state.load(std::memory_order_acquire);
+  // Stored before the state so a reader that sees the state final sees it.
+  const std::int64_t done =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  t.done_ns.store(done, std::memory_order_relaxed);
   while (!is_final(cur)) {
     if (t.state.compare_exchange_weak(cur, final_state, std::memory_order_acq_rel)) {
       batch_state& b = *t.batch;
+      if (b.meter != nullptr)
+        b.meter->record(t.op.load(std::memory_order_relaxed), t.length.load(std::memory_order_relaxed),
+                        done - t.submit_ns.load(std::memory_order_relaxed), final_state,
+                        t.reason.load(std::memory_order_relaxed));
       // Before the batch's count: when wait() returns, the group has been told.
       if (task_group* g = t.group) {
         if (final_state != transfer_state::completed) g->failed.store(true, std::memory_order_relaxed);

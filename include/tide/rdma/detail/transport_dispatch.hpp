@@ -126,6 +126,7 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     const std::uint32_t n = planned.requests[i].piece_count;
     detail::reset_task(t, n, requests[i].target, now + cfg_.transfer_timeout);
     t.group = group;
+    detail::start_telemetry(t, requests[i].op, requests[i].length, now_ns);
     t.keep_alive = res[i].seg;
     // Counted under the local table's shared lock: unregister_memory sees it.
     t.local_inflight = &res[i].local->inflight;
@@ -248,6 +249,7 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
     return;
   }
   ++s.retries;
+  detail::note_retry(t);
   const auto* seg = static_cast<const remote_segment*>(t.keep_alive.get());
   const remote_buffer& pb = seg->buffers[s.peer_buffer];
   const plan::rail failed{s.local_device, s.peer_device, false};
@@ -291,18 +293,18 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
 }
 
 template <class P>
-plan::transport_stats rdma_transport<P>::stats() const {
+plan::transport_stats rdma_transport<P>::stats(bool every_rail) const {
   plan::transport_stats out;
   for (std::size_t i = 0; i < contexts_.size(); ++i) {
     const plan::nic_load& l = loads_[i];
     out.nics.push_back({contexts_[i]->name(), l.bytes(), l.wrs(), l.errors(), l.inflight_bytes(), l.bandwidth(),
-                        l.prior_bandwidth()});
+                        l.prior_bandwidth(), l.inflight_wrs()});
   }
   const auto peers = rails_.peer_names();
   for (std::uint32_t p = 0; p < peers.size(); ++p)
     for (std::size_t i = 0; i < contexts_.size(); ++i) {
       const auto snap = rails_.at(i, p).snapshot();
-      if (snap.failures != 0) out.rails.push_back({contexts_[i]->name(), peers[p], snap});
+      if (every_rail || snap.failures != 0) out.rails.push_back({contexts_[i]->name(), peers[p], snap});
     }
   return out;
 }

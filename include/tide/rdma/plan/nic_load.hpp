@@ -63,15 +63,18 @@ class nic_load {
   void dispatched(std::uint64_t bytes, std::int64_t now_ns) noexcept {
     if (inflight_.fetch_add(bytes, std::memory_order_relaxed) == 0) busy_since_ns_.store(now_ns, std::memory_order_relaxed);
     wrs_.fetch_add(1, std::memory_order_relaxed);
+    inflight_wrs_.fetch_add(1, std::memory_order_relaxed);
   }
   /// A dispatched WR left without completing on the wire (failed, canceled, dropped).
   void released(std::uint64_t bytes, bool error) noexcept {
     inflight_.fetch_sub(bytes, std::memory_order_relaxed);
+    inflight_wrs_.fetch_sub(1, std::memory_order_relaxed);
     if (error) errors_.fetch_add(1, std::memory_order_relaxed);
   }
   /// A dispatched WR completed successfully at `now_ns` (steady clock).
   void completed(std::uint64_t bytes, std::int64_t now_ns) noexcept {
     const std::uint64_t left = inflight_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
+    inflight_wrs_.fetch_sub(1, std::memory_order_relaxed);
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
     double bps = 0, dry_bps = 0;
     {
@@ -123,6 +126,7 @@ class nic_load {
   void set_bandwidth(double bps) noexcept { bw_.store(std::bit_cast<std::uint64_t>(bps), std::memory_order_relaxed); }
 
   [[nodiscard]] std::uint64_t inflight_bytes() const noexcept { return inflight_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t inflight_wrs() const noexcept { return inflight_wrs_.load(std::memory_order_relaxed); }
   [[nodiscard]] double bandwidth() const noexcept { return std::bit_cast<double>(bw_.load(std::memory_order_relaxed)); }
   [[nodiscard]] double prior_bandwidth() const noexcept { return prior_; }
   [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
@@ -134,6 +138,7 @@ class nic_load {
   std::atomic<std::uint64_t> inflight_{0};
   std::atomic<std::uint64_t> bytes_{0};
   std::atomic<std::uint64_t> wrs_{0};
+  std::atomic<std::uint64_t> inflight_wrs_{0};
   std::atomic<std::uint64_t> errors_{0};
   std::atomic<std::uint64_t> bw_{0};  ///< a double's bits
   std::atomic<bool> sampled_{false};
@@ -183,6 +188,7 @@ struct nic_stats {
   std::uint64_t inflight_bytes = 0;  ///< dispatched, not yet completed
   double bandwidth_bps = 0;          ///< current estimate (bytes/s)
   double prior_bps = 0;              ///< the port's rate (bytes/s)
+  std::uint64_t inflight_wrs = 0;    ///< dispatched, not yet completed or released
 };
 
 /// One rail that has ever failed, in engine->stats().
@@ -194,7 +200,7 @@ struct rail_stats {
 
 struct transport_stats {
   std::vector<nic_stats> nics;    ///< by local device id
-  std::vector<rail_stats> rails;  ///< rails with at least one failure
+  std::vector<rail_stats> rails;  ///< rails with at least one failure (every rail: stats(true))
 };
 
 }  // namespace tide::rdma::plan
