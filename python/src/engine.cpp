@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 namespace tide::py {
 namespace pyb = pybind11;
@@ -44,6 +45,7 @@ pyb::tuple status_tuple(const engine_iface& e, const transfer_status& s) {
 }
 
 using request_tuple = std::tuple<int, std::uintptr_t, segment_id, std::int64_t, std::uint64_t, std::size_t>;
+using note_tuple = std::pair<std::string, std::string>;  ///< (sender, message)
 
 class py_engine {
  public:
@@ -152,9 +154,11 @@ class py_engine {
   void free_batch(batch_id b) {
     unwrap(call([&](engine_iface& e) { return e.free_batch(b); }));
   }
-  void submit(batch_id b, const std::vector<request_tuple>& requests) {
+  /// `notify` (sender, message): sent to the requests' target once every
+  /// task of this submit COMPLETED, never if one failed (tide::notification).
+  void submit(batch_id b, const std::vector<request_tuple>& requests, const std::optional<note_tuple>& notify) {
     std::vector<transfer_request> reqs = to_requests(requests);
-    unwrap(call([&](engine_iface& e) { return e.submit(b, reqs); }));
+    unwrap(call([&](engine_iface& e) { return submit_to(e, b, reqs, notify); }));
   }
   /// A whole synchronous batch in one call (what Mooncake's transfer_sync*
   /// do): allocate, submit, wait until every task is final, free.  One GIL
@@ -162,7 +166,8 @@ class py_engine {
   /// Past `timeout_s` (or on Ctrl-C) the batch is canceled and drained first,
   /// so no DMA of it touches the caller's memory once this returns.
   /// Returns (state, bytes, reason, device, path, timed_out) of the batch.
-  pyb::tuple transfer(const std::vector<request_tuple>& requests, double timeout_s) {
+  pyb::tuple transfer(const std::vector<request_tuple>& requests, double timeout_s,
+                      const std::optional<note_tuple>& notify) {
     std::vector<transfer_request> reqs = to_requests(requests);
     std::shared_ptr<core> c = live();
     const auto deadline = steady_clock::now() + duration_cast<steady_clock::duration>(
@@ -176,7 +181,7 @@ class py_engine {
       engine_iface& e = *c->engine;
       auto b = e.allocate_batch(reqs.size());
       if (!b) failure = std::move(b.error());
-      else if (auto r = e.submit(*b, reqs); !r) failure = std::move(r.error());
+      else if (auto r = submit_to(e, *b, reqs, notify); !r) failure = std::move(r.error());
       while (b && failure.code == errc::ok) {
         const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0),
                                      milliseconds(100));
@@ -236,6 +241,36 @@ class py_engine {
   void cancel(batch_id b) {
     unwrap(call([&](engine_iface& e) { return e.cancel(b); }));
   }
+  /// A task's telemetry (task < 0: the batch's sum) as a dict; times in
+  /// seconds from the submit (None: not yet).  Lock-free: keeps the GIL.
+  pyb::dict telemetry(batch_id b, std::int64_t task) {
+    std::shared_ptr<core> c = live();
+    auto t = unwrap(task < 0 ? c->engine->batch_telemetry(b)
+                             : c->engine->task_telemetry(b, static_cast<std::size_t>(task)));
+    const auto since_submit = [&](transfer_telemetry::time_point p) -> pyb::object {
+      if (p == transfer_telemetry::time_point{}) return pyb::none();
+      return pyb::float_(duration<double>(p - t.submit).count());
+    };
+    pyb::list nics;
+    for (std::uint16_t i = 0; i < 32; ++i)
+      if ((t.local_nics >> i) & 1U) nics.append(c->engine->device_name(i));
+    pyb::dict d;
+    d["first_post_s"] = since_submit(t.first_post);
+    d["completion_s"] = since_submit(t.completion);
+    d["bytes"] = t.bytes;
+    d["transferred_bytes"] = t.transferred_bytes;
+    d["wrs"] = t.wrs;
+    d["retries"] = t.retries;
+    d["tasks"] = t.tasks;
+    d["local_nics"] = nics;
+    d["peer_nics"] = t.peer_nics;
+    d["state"] = static_cast<int>(t.state);
+    d["reason"] = static_cast<int>(t.reason);
+    return d;
+  }
+  std::string metrics_text() {
+    return call([](engine_iface& e) { return e.metrics_text(); });
+  }
   /// Tells `queue` when the batch is final (None: stop).  The queue is kept
   /// as long as the engine, so a late call finds it alive.
   void watch(batch_id b, const std::shared_ptr<completion_queue>& queue) {
@@ -267,11 +302,13 @@ class py_engine {
     std::shared_ptr<core> c = live();
     engine_stats s;
     notify_stats n;
+    notify_outbox_stats o;
     net::handshake_server_stats h;
     {
       pyb::gil_scoped_release nogil;
       s = c->engine->stats();
       n = c->engine->notification_stats();
+      o = c->engine->outbox_stats();
       h = c->engine->handshake_stats();
     }
     pyb::list nics, rails;
@@ -301,6 +338,13 @@ class py_engine {
     notes["dropped_bytes"] = n.dropped_bytes;
     notes["dropped_rate"] = n.dropped_rate;
     notes["queued"] = n.queued;
+    pyb::dict sent;
+    sent["submitted"] = o.submitted;
+    sent["sent"] = o.sent;
+    sent["dropped_failed"] = o.dropped_failed;
+    sent["refused"] = o.refused;
+    sent["send_errors"] = o.send_errors;
+    sent["pending"] = o.pending;
     pyb::dict hs;
     hs["accepted"] = h.accepted;
     hs["served"] = h.served;
@@ -310,6 +354,7 @@ class py_engine {
     out["nics"] = nics;
     out["rails"] = rails;
     out["notifications"] = notes;
+    out["notifications_sent"] = sent;
     out["handshakes"] = hs;
     return out;
   }
@@ -335,6 +380,11 @@ class py_engine {
                                                            off, len));
     }
     return reqs;
+  }
+  static status submit_to(engine_iface& e, batch_id b, std::span<const transfer_request> reqs,
+                          const std::optional<note_tuple>& notify) {
+    if (!notify) return e.submit(b, reqs);
+    return e.submit(b, reqs, notification{notify->first, notify->second});
   }
   /// Cancels batch `b` and waits until its posted WRs complete or flush
   /// (bounded by the QPs' retry timeout).  Without the GIL.
@@ -442,14 +492,22 @@ void init_engine(pyb::module_& m) {
       .def("segment_buffers", &py_engine::segment_buffers, pyb::arg("segment"))
       .def("allocate_batch", &py_engine::allocate_batch, pyb::arg("capacity"))
       .def("free_batch", &py_engine::free_batch, pyb::arg("batch"))
-      .def("submit", &py_engine::submit, pyb::arg("batch"), pyb::arg("requests"))
+      .def("submit", &py_engine::submit, pyb::arg("batch"), pyb::arg("requests"), pyb::arg("notify") = pyb::none(),
+           "notify (sender, message): delivered to the target after every byte of these requests, never if one "
+           "fails.")
       .def("transfer", &py_engine::transfer, pyb::arg("requests"), pyb::arg("timeout"),
+           pyb::arg("notify") = pyb::none(),
            "allocate + submit + wait + free in one call without the GIL; a timed-out batch is canceled and drained "
-           "first.  Returns (state, bytes, reason, device, path, timed_out).")
+           "first; notify as submit's.  Returns (state, bytes, reason, device, path, timed_out).")
       .def("task_status", &py_engine::task_status, pyb::arg("batch"), pyb::arg("task"))
       .def("batch_status", &py_engine::batch_status, pyb::arg("batch"))
       .def("wait", &py_engine::wait, pyb::arg("batch"), pyb::arg("timeout"))
       .def("cancel", &py_engine::cancel, pyb::arg("batch"))
+      .def("telemetry", &py_engine::telemetry, pyb::arg("batch"), pyb::arg("task") = -1,
+           "A task's telemetry (task -1: the batch's sum): first_post_s / completion_s after the submit (None: not "
+           "yet), bytes, transferred_bytes, wrs, retries, tasks, local_nics, peer_nics (bit per peer device), state, "
+           "reason.")
+      .def("metrics_text", &py_engine::metrics_text, "The Prometheus text exposition of the engine's counters.")
       .def("watch", &py_engine::watch, pyb::arg("batch"), pyb::arg("queue").none(true))
       .def("send_notify", &py_engine::send_notify, pyb::arg("segment"), pyb::arg("message"), pyb::arg("sender") = "")
       .def("take_notifies", &py_engine::take_notifies)

@@ -34,6 +34,8 @@ class engine_iface {
   [[nodiscard]] virtual result<batch_id> allocate_batch(std::size_t capacity) noexcept = 0;
   [[nodiscard]] virtual status free_batch(batch_id b) noexcept = 0;
   [[nodiscard]] virtual status submit(batch_id b, std::span<const transfer_request> requests) noexcept = 0;
+  [[nodiscard]] virtual status submit(batch_id b, std::span<const transfer_request> requests,
+                                      const notification& n) noexcept = 0;
   [[nodiscard]] virtual result<transfer_status> status_of(batch_id b, std::size_t task) noexcept = 0;
   [[nodiscard]] virtual result<transfer_status> batch_status(batch_id b) noexcept = 0;
   [[nodiscard]] virtual status wait(batch_id b, std::chrono::milliseconds timeout) noexcept = 0;
@@ -44,6 +46,10 @@ class engine_iface {
   [[nodiscard]] virtual status probe(std::string_view segment, std::chrono::milliseconds timeout) = 0;
   [[nodiscard]] virtual engine_stats stats() const = 0;
   [[nodiscard]] virtual notify_stats notification_stats() const = 0;
+  [[nodiscard]] virtual notify_outbox_stats outbox_stats() const noexcept = 0;
+  [[nodiscard]] virtual result<transfer_telemetry> task_telemetry(batch_id b, std::size_t task) noexcept = 0;
+  [[nodiscard]] virtual result<transfer_telemetry> batch_telemetry(batch_id b) noexcept = 0;
+  [[nodiscard]] virtual std::string metrics_text() const = 0;
   [[nodiscard]] virtual net::handshake_server_stats handshake_stats() const noexcept = 0;
   /// The name of local device `index` (transfer_status::failed_local_device).
   [[nodiscard]] virtual std::string device_name(std::uint16_t index) const = 0;
@@ -75,6 +81,9 @@ class engine_model final : public engine_iface {
   status submit(batch_id b, std::span<const transfer_request> requests) noexcept override {
     return e_->submit(b, requests);
   }
+  status submit(batch_id b, std::span<const transfer_request> requests, const notification& n) noexcept override {
+    return e_->submit(b, requests, n);
+  }
   result<transfer_status> status_of(batch_id b, std::size_t task) noexcept override { return e_->status_of(b, task); }
   result<transfer_status> batch_status(batch_id b) noexcept override { return e_->batch_status(b); }
   status wait(batch_id b, std::chrono::milliseconds timeout) noexcept override { return e_->wait(b, timeout); }
@@ -89,6 +98,12 @@ class engine_model final : public engine_iface {
   }
   engine_stats stats() const override { return e_->stats(); }
   notify_stats notification_stats() const override { return e_->notification_stats(); }
+  notify_outbox_stats outbox_stats() const noexcept override { return e_->outbox_stats(); }
+  result<transfer_telemetry> task_telemetry(batch_id b, std::size_t task) noexcept override {
+    return e_->task_telemetry(b, task);
+  }
+  result<transfer_telemetry> batch_telemetry(batch_id b) noexcept override { return e_->batch_telemetry(b); }
+  std::string metrics_text() const override { return e_->metrics_text(); }
   net::handshake_server_stats handshake_stats() const noexcept override { return e_->handshake_stats(); }
   std::string device_name(std::uint16_t index) const override {
     auto& t = e_->transport();

@@ -5,7 +5,7 @@
 
 It registers NBLOCKS numpy blocks of BLOCK bytes, prints {"segment", "blocks"}
 (one JSON line), then answers commands on stdin: fill (a pattern into every
-block), digest (which blocks hold which pattern), notifies, quit.
+block), digest (which blocks hold which pattern), notifies, notifies_then_digest, quit.
 """
 import importlib
 import json
@@ -68,6 +68,13 @@ def main():
             out(ok=True)
         elif cmd["cmd"] == "notifies":
             out(notifies=notifies())
+        elif cmd["cmd"] == "notifies_then_digest":
+            # What a receiver of a transfer-bound notification does: read it, then trust the bytes.
+            got = notifies()
+            seeds = cmd["seeds"]
+            found = [seeds[i] if arena[i * block:(i + 1) * block].tobytes() == pattern(seeds[i], block) else None
+                     for i in range(nblocks)]
+            out(notifies=got, found=found)
     return 0
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import array
 import asyncio
 import mmap
+import shutil
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -127,6 +130,58 @@ def test_probe_and_notify(engine, target):
     engine.notify(seg, "hello")
     got = target.ask(cmd="notifies")["notifies"]
     assert got == [[engine.segment_name, "hello"]]
+
+
+def test_notification_follows_the_data_and_never_a_failure(engine, target, devices):
+    engine_dev = devices[0]
+    seg = engine.open(target.hello["segment"])
+    ids = target.hello["ids"]
+    seeds = [700 + i for i in range(NBLOCKS)]
+    target.ask(cmd="zero")
+    srcs = [engine.register(np.frombuffer(pattern(s, BLOCK), np.uint8).copy()) for s in seeds]
+    batch = engine.submit([tide.write(srcs[i], seg, ids[i]) for i in range(NBLOCKS)], notify="kv ready")
+    deadline = time.monotonic() + 30
+    seen = target.ask(cmd="notifies_then_digest", seeds=seeds)
+    while not seen["notifies"] and time.monotonic() < deadline:
+        seen = target.ask(cmd="notifies_then_digest", seeds=seeds)
+    assert seen["notifies"] == [[engine.segment_name, "kv ready"]]
+    assert seen["found"] == seeds  # every byte was there when the notification was read
+    batch.wait(60)
+    t = batch.telemetry()
+    assert (t["tasks"], t["bytes"], t["transferred_bytes"]) == (NBLOCKS, NBLOCKS * BLOCK, NBLOCKS * BLOCK)
+    assert 0 <= t["first_post_s"] <= t["completion_s"] and t["wrs"] >= NBLOCKS and t["local_nics"] == [engine_dev]
+    assert batch.telemetry(3)["bytes"] == BLOCK
+    batch.free()
+
+    # Canceled at once: some task ends CANCELED, so the notification is dropped, not sent.
+    batch = engine.submit([tide.write(srcs[i % NBLOCKS], seg, ids[i % NBLOCKS]) for i in range(256)],
+                          notify="never")
+    batch.cancel()
+    assert tide.State.CANCELED in {t.state for t in batch.wait(60)}
+    batch.free()
+    time.sleep(1.0)
+    assert target.ask(cmd="notifies")["notifies"] == []
+    sent = engine.stats()["notifications_sent"]
+    assert (sent["submitted"], sent["sent"], sent["dropped_failed"]) == (2, 1, 1)
+    with pytest.raises(tide.InvalidArgument):
+        engine.submit([tide.write(srcs[0], seg, ids[0])], notify="x" * 5000)  # past notification::kMaxBytes
+
+
+def test_metrics_text_is_prometheus_and_counts_the_bytes(engine, target, tmp_path):
+    seg = engine.open(target.hello["segment"])
+    src = engine.register(np.zeros(BLOCK, np.uint8))
+    for i in range(4):
+        assert engine.transfer([tide.write(src, seg, target.hello["ids"][i])]) == BLOCK
+    text = engine.metrics()
+    moved = [float(line.split()[-1]) for line in text.splitlines()
+             if line.startswith("tide_nic_bytes_total{") and 'nic="' + engine.stats()["nics"][0]["name"] in line]
+    assert moved == [4 * BLOCK]
+    promtool = shutil.which("promtool")
+    if promtool:
+        (tmp_path / "m.txt").write_text(text)
+        with open(tmp_path / "m.txt") as f:
+            r = subprocess.run([promtool, "check", "metrics"], stdin=f, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("policies", ["cq_event", "busy_poll", "mooncake"])

@@ -253,6 +253,12 @@ class Batch:
                 raise err
         return sum(t.bytes for t in tasks)
 
+    def telemetry(self, task: Optional[int] = None) -> Dict[str, Any]:
+        """Per-request telemetry of task `task` (None: the batch's sum): seconds
+        from the submit to the first post and to completion (None: not yet),
+        bytes, WRs, retries, the local NICs used; complete once it is final."""
+        return self._engine._core().telemetry(self.id, -1 if task is None else int(task))
+
     def cancel(self) -> None:
         """Unfinished tasks end CANCELED; posted work drains first (wait() returns then)."""
         self._engine._core().cancel(self.id)
@@ -420,14 +426,18 @@ class Engine:
         self._core().probe(segment, timeout)
 
     # -- transfers --
-    def submit(self, requests: Iterable[Request]) -> Batch:
-        """Submits the requests as one batch (nothing is submitted on an error)."""
+    def submit(self, requests: Iterable[Request], notify: Optional[str] = None, *, sender: str = "") -> Batch:
+        """Submits the requests as one batch (nothing is submitted on an error).
+        `notify`: a message the requests' target reads with notifications()
+        only after every byte of them is in its memory, and never if one of
+        them fails (one segment per notified submit; `sender` "" = this
+        engine's segment name, the authenticated identity with a secret)."""
         reqs = list(requests)
         native = [r._native() for r in reqs]
         core = self._core()
         bid = core.allocate_batch(max(1, len(reqs)))
         try:
-            core.submit(bid, native)
+            core.submit(bid, native, None if notify is None else (sender, notify))
         except BaseException:
             core.free_batch(bid)
             raise
@@ -435,15 +445,18 @@ class Engine:
         self._batches[bid] = batch
         return batch
 
-    def transfer(self, requests: Iterable[Request], timeout: Optional[float] = None) -> int:
+    def transfer(self, requests: Iterable[Request], timeout: Optional[float] = None, notify: Optional[str] = None,
+                 *, sender: str = "") -> int:
         """submit(), wait, free; returns the bytes moved or raises the first error.
         Past `timeout` seconds the batch is canceled and drained, then
-        TransferTimeout is raised: no DMA of it touches the buffers afterwards."""
+        TransferTimeout is raised: no DMA of it touches the buffers afterwards.
+        `notify` and `sender` as submit()'s."""
         reqs = list(requests)
         if not reqs:
             return 0
         wait_s = 1e9 if timeout is None else float(timeout)
-        *status, timed_out = self._core().transfer([r._native() for r in reqs], wait_s)
+        note = None if notify is None else (sender, notify)
+        *status, timed_out = self._core().transfer([r._native() for r in reqs], wait_s, note)
         if timed_out:
             raise class_for(code_of("timed_out"))(code_of("timed_out"), f"transfer unfinished after {wait_s} s "
                                                                         "(canceled and drained)")
@@ -455,12 +468,18 @@ class Engine:
 
     # -- notifications, stats --
     def notify(self, segment: Segment, message: str) -> None:
-        """Sends `message` to the owner of `segment` (its handshake port)."""
+        """Sends `message` to the owner of `segment` now, tied to no transfer
+        (its handshake port); submit(..., notify=) sends one after the data."""
         self._core().send_notify(segment.handle, message)
 
     def notifications(self) -> List[tuple]:
         """The (sender, message) pairs received so far (and forgets them)."""
         return self._core().take_notifies()
+
+    def metrics(self) -> str:
+        """The engine's counters in Prometheus' text format (what the
+        ``metrics_port`` endpoint serves)."""
+        return self._core().metrics_text()
 
     def stats(self) -> Dict[str, Any]:
         """Per NIC bytes, WRs, errors, in-flight bytes and bandwidth estimate;

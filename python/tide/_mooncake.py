@@ -326,19 +326,17 @@ class TransferEngine:
         except (TideError, _NotInitialized) as e:
             return self._fail(f"{method}: {e}")
         deadline = self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * sum(int(n) for n in lengths)
+        # The notification rides with the transfer: the target gets it after
+        # every byte is there, never when a request failed.
+        note = None if notify is None else (notify.name, notify.msg)
         try:
             # allocate, submit, wait, free: one call, one GIL release
-            *status, timed_out = engine.transfer(requests, deadline)
+            *status, timed_out = engine.transfer(requests, deadline, note)
         except TideError as e:
             return self._fail(f"{method}: {e}")
         state = _outcome(status, deadline, timed_out)
         if state != "ok":
             return self._fail(f"{method}: {state}")
-        if notify is not None:
-            try:
-                engine.send_notify(self._segment(target_hostname), notify.msg, notify.name)
-            except TideError as e:
-                return self._fail(f"{method}: data moved, notification not delivered: {e}")
         return 0
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
