@@ -34,6 +34,7 @@ from . import _tide
 from ._engine import State, TaskStatus
 from .errors import TideError
 
+_COMPLETED = State.COMPLETED.value
 _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
 # Protocols that pick another transport in Mooncake's builds that have it; its usual builds run
 # RDMA for every other value ("rdma", "tcp", ...), and so does tide.
@@ -284,6 +285,9 @@ class TransferEngine:
 
     # ---- segments ----
     def _segment(self, target_hostname: str) -> int:
+        handle = self._segments.get(target_hostname)  # the hot path: one dict read (atomic; writers hold _lock)
+        if handle is not None and self._engine is not None:
+            return handle
         engine = self._need("transfer")
         with self._lock:
             handle = self._segments.get(target_hostname)
@@ -325,7 +329,7 @@ class TransferEngine:
             requests = self._requests(target_hostname, buffers, peer_addresses, lengths, opcode)
         except (TideError, _NotInitialized) as e:
             return self._fail(f"{method}: {e}")
-        deadline = self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * sum(int(n) for n in lengths)
+        deadline = self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * sum(map(int, lengths))
         # The notification rides with the transfer: the target gets it after
         # every byte is there, never when a request failed.
         note = None if notify is None else (notify.name, notify.msg)
@@ -578,9 +582,9 @@ def _outcome(status, timeout_s: float, timed_out: bool) -> str:
     """"ok" for a COMPLETED batch status tuple, else why not."""
     if timed_out:
         return f"timed out after {timeout_s:.3f} s (canceled and drained)"
-    s = TaskStatus._of(tuple(status))
-    if s.state == State.COMPLETED:
+    if status[0] == _COMPLETED:
         return "ok"
+    s = TaskStatus._of(tuple(status))
     where = f" ({s.failed_device} -> {s.failed_path})" if s.failed_path else ""
     return f"transfer {s.state.name}: {s.reason or 'failed'}{where}"
 
