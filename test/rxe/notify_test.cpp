@@ -85,6 +85,18 @@ constexpr std::size_t kSlots = 8;  // batches in flight at most
 
 std::string message_for(std::size_t index) { return "batch " + std::to_string(index); }
 
+/// The first non-empty take_notifies() of `e` within 30 s (empty if none came).
+template <class Engine>
+std::vector<tide::notify_desc> first_notifies(Engine& e) {
+  std::vector<tide::notify_desc> got;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (got.empty() && std::chrono::steady_clock::now() < until) {
+    got = e.take_notifies();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE("1000 batches with notifications: each exactly once, after its data; none for a failed batch") {
@@ -363,12 +375,7 @@ TEST_CASE("notification misuse is invalid_argument, and nothing is submitted") {
   REQUIRE(a->submit(batch, {&one, 1}, tide::notification{"custom-name", "good"}));
   REQUIRE(a->wait(batch, 60s));
   REQUIRE(a->free_batch(batch));
-  std::vector<tide::notify_desc> got;
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (got.empty() && std::chrono::steady_clock::now() < until) {
-    got = b->take_notifies();
-    std::this_thread::sleep_for(1ms);
-  }
+  const std::vector<tide::notify_desc> got = first_notifies(*b);
   REQUIRE(got.size() == 1);
   CHECK(got[0].name == "custom-name");  // no cluster secret: the name the sender gave
   CHECK(got[0].notify_msg == "good");
@@ -400,12 +407,7 @@ TEST_CASE("with the cluster secret the target records the authenticated sender, 
   REQUIRE(a->submit(batch, {&r, 1}, tide::notification{"someone-else:1", "signed"}));
   REQUIRE(a->wait(batch, 60s));
   REQUIRE(a->free_batch(batch));
-  std::vector<tide::notify_desc> got;
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (got.empty() && std::chrono::steady_clock::now() < until) {
-    got = b->take_notifies();
-    std::this_thread::sleep_for(1ms);
-  }
+  const std::vector<tide::notify_desc> got = first_notifies(*b);
   REQUIRE(got.size() == 1);
   CHECK(got[0].name == a->segment_name());
   CHECK(got[0].notify_msg == "signed");
