@@ -5,7 +5,9 @@
 
 It registers NBLOCKS numpy blocks of BLOCK bytes, prints {"segment", "blocks"}
 (one JSON line), then answers commands on stdin: fill (a pattern into every
-block), digest (which blocks hold which pattern), notifies, notifies_then_digest, quit.
+block), digest (which blocks hold which pattern), notifies, notifies_then_digest,
+push (TransferEngine mode: WRITE a pattern from block 0 to another segment with a
+notification, as a prefill node does), quit.
 """
 import importlib
 import json
@@ -37,6 +39,12 @@ def main():
             return 1
         out(segment=f"127.0.0.1:{te.get_rpc_port()}", blocks=addrs)
         notifies = lambda: [[n.name, n.msg] for n in te.get_notifies()]  # noqa: E731
+
+        def push(cmd):
+            arena[:block] = np.frombuffer(pattern(cmd["seed"], block), np.uint8)
+            note = mod.TransferNotify(cmd["name"], cmd["msg"])
+            return te.transfer_sync(cmd["segment"], addrs[0], cmd["remote"], block,
+                                    mod.TransferEngine.TransferOpcode.Write, note)
     else:
         import tide
 
@@ -66,6 +74,8 @@ def main():
         elif cmd["cmd"] == "zero":
             arena[:] = 0
             out(ok=True)
+        elif cmd["cmd"] == "push":
+            out(rc=push(cmd))
         elif cmd["cmd"] == "notifies":
             out(notifies=notifies())
         elif cmd["cmd"] == "notifies_then_digest":
