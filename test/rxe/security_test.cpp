@@ -15,6 +15,8 @@
 //  - concurrent register/unregister: the stored descriptor lists exactly
 //    what is registered;
 //  - an empty-GID connect naming a host makes no outbound connection;
+//  - probe: live ok (timed, printed), wrong secret auth_failed, dead peer
+//    peer_unreachable within the timeout, no QP made;
 //  - the cost of authentication: open_segment + first transfer timed with
 //    and without the secret (printed; never asserted).
 #include <doctest/doctest.h>
@@ -414,4 +416,57 @@ TEST_CASE("an empty-GID connect naming a host makes no outbound connection (p2p 
   boost::system::error_code ec;
   (void)bait.accept(ec);
   CHECK(ec == boost::asio::error::would_block);  // nobody dialled the bait
+}
+
+TEST_CASE("probe: a live peer answers, a wrong secret is auth_failed, a dead one peer_unreachable; no QP either way") {
+  const auto devs = tide::test::devices_under_test();
+  const std::string key = secret_file('p');
+  const std::string other_key = secret_file('q');
+  auto target = make(devs[1], key);
+  auto member = make(devs[0], key);
+  auto outsider = make(devs[0], other_key);
+  const std::string seg = target->segment_name();
+  const int qps_before[2] = {kernel_qps(devs[0]), kernel_qps(devs[1])};
+
+  auto plain_target = make(devs[1]);
+  auto plain = make(devs[0]);
+  auto time_probes = [](engine& from, const std::string& to, const std::string& what) {
+    std::vector<double> ms;
+    for (int i = 0; i < 20; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto s = from.probe(to, 2s);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      REQUIRE_MESSAGE(s.has_value(), s.error());
+    }
+    std::sort(ms.begin(), ms.end());
+    MESSAGE("probe of a live peer " << what << ": p50 " << ms[ms.size() / 2] << " ms, max " << ms.back()
+                                    << " ms (20 probes)");
+  };
+  time_probes(*member, seg, "with the secret");
+  time_probes(*plain, plain_target->segment_name(), "without a secret");
+
+  auto wrong = outsider->probe(seg, 2s);
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK(wrong.error().code == errc::auth_failed);
+
+  auto bad_name = member->probe("127.0.0.1:not-a-port", 2s);
+  REQUIRE_FALSE(bad_name.has_value());
+  CHECK(bad_name.error().code == errc::invalid_argument);
+
+  // Probes open nothing: the kernel lists as many RC QPs as before.
+  if (qps_before[0] >= 0) {
+    CHECK(kernel_qps(devs[0]) == qps_before[0]);
+    CHECK(kernel_qps(devs[1]) == qps_before[1]);
+  }
+
+  // The peer goes away: unreachable, within the timeout.
+  target.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto dead = member->probe(seg, 1500ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(dead.has_value());
+  CHECK(dead.error().code == errc::peer_unreachable);
+  CHECK(took < 3s);  // the timeout plus scheduling slack: the call does not hang
+  std::remove(key.c_str());
+  std::remove(other_key.c_str());
 }
