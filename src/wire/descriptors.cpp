@@ -132,7 +132,23 @@ status validate_segment(const segment_desc& d) {
       }
     }
   }
-  if (d.buffers.size() > 1) {
+  // A publisher's buffers usually come in address order (registration
+  // order of one allocation after another): then one pass finds overlaps,
+  // and the sort below is left for the others.
+  // In address order the sorted walk below visits them in index order, so
+  // the first overlap (and its message) is the same.
+  bool by_addr = true;
+  std::size_t first_overlap = 0;
+  for (std::size_t k = 1; k < d.buffers.size() && by_addr; ++k) {
+    const buffer_desc& prev = d.buffers[k - 1];
+    const buffer_desc& cur = d.buffers[k];
+    if (prev.addr > cur.addr) by_addr = false;
+    else if (first_overlap == 0 && prev.addr + prev.length > cur.addr) first_overlap = k;
+  }
+  if (by_addr && first_overlap != 0)
+    return malformed("buffers[" + std::to_string(first_overlap) + "]",
+                     "overlaps buffers[" + std::to_string(first_overlap - 1) + "]");
+  if (!by_addr) {
     std::vector<std::size_t> order(d.buffers.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -383,12 +399,17 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
 
 result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal,
                                    wire::seal_cache* cache) {
+  return encode_segment(d, seal, cache, d.timestamp);
+}
+
+result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal, wire::seal_cache* cache,
+                                   std::string_view timestamp) {
   json j = json::object();
   j["name"] = d.name;
   j["protocol"] = d.protocol;
   j["tcp_data_port"] = d.tcp_data_port;
   j["tcp_proto_version"] = d.tcp_proto_version;
-  j["timestamp"] = d.timestamp;
+  j["timestamp"] = timestamp;
   if (d.rdma_server_name) j["rdma_server_name"] = *d.rdma_server_name;
   json devices = json::array();
   for (const auto& dev : d.devices) {
@@ -398,11 +419,16 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
   // The buffer list is assembled from each entry's compact text (cached ones
   // are copied, not encoded again); nlohmann writes an array as its
   // elements' texts joined by ',', and keys sorted, with "buffers" first.
-  std::string list = "[";
+  // It is written straight into the output: on every publish this list is
+  // the only part that grows with the buffers, so it is copied once.
+  std::string out = "{\"buffers\":[";
+  out.reserve(cache != nullptr ? cache->last_size() : 0);
   std::string entry_macs;
+  if (seal != nullptr) entry_macs.reserve(32 * d.buffers.size());
+  if (cache != nullptr) cache->begin(seal, d.name);
   for (std::size_t i = 0; i < d.buffers.size(); ++i) {
     const auto& b = d.buffers[i];
-    const wire::seal_cache::entry* cached = cache != nullptr ? cache->find(seal, d.name, i, b) : nullptr;
+    const wire::seal_cache::entry* cached = cache != nullptr ? cache->find(i, b) : nullptr;
     wire::seal_cache::entry fresh;
     if (cached == nullptr) {
       json e = {{"name", b.name}, {"length", b.length}};
@@ -419,13 +445,13 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
       }
       fresh.json = compact(e);
       if (seal != nullptr) fresh.mac = buffer_mac(*seal, d.name, fresh.json);
-      cached = cache != nullptr ? &cache->store(seal, d.name, i, b, std::move(fresh)) : &fresh;
+      cached = cache != nullptr ? &cache->store(i, b, std::move(fresh)) : &fresh;
     }
-    if (i > 0) list.push_back(',');
-    list += cached->json;
+    if (i > 0) out.push_back(',');
+    out += cached->json;
     if (seal != nullptr) entry_macs.append(reinterpret_cast<const char*>(cached->mac.data()), cached->mac.size());
   }
-  list.push_back(']');
+  out.append("],");
   if (cache != nullptr) cache->sweep();
   json pm = json::object();
   for (const auto& [loc, e] : d.priority) {
@@ -436,17 +462,15 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
     json macs = json::object();
     for (const char* section : kMacSections) {
       const std::string text = std::string_view(section) == "buffers" ? entry_macs : section_text(j, section, *seal);
-      macs[section] = wire::to_hex(wire::descriptor_mac(*seal, section, d.name, d.timestamp, text));
+      macs[section] = wire::to_hex(wire::descriptor_mac(*seal, section, d.name, timestamp, text));
     }
     j["mac"] = std::move(macs);
   }
   // Every other key sorts after "buffers".
   const std::string rest = compact(j);
-  std::string out;
-  out.reserve(list.size() + rest.size() + 16);
-  out.append("{\"buffers\":").append(list).push_back(',');
   out.append(rest, 1);
   out.push_back('\n');
+  if (cache != nullptr) cache->set_last_size(out.size());
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -53,7 +54,11 @@ std::string associated_data(std::string_view segment, std::size_t index, const b
 
 const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
 
+std::atomic<std::uint64_t> g_seals{0};
+
 }  // namespace
+
+std::uint64_t seals_done() noexcept { return g_seals.load(std::memory_order_relaxed); }
 
 result<std::string> seal_buffer(const cluster_secret& s, std::string_view segment_name, std::size_t index,
                                 const buffer_desc& b) {
@@ -78,6 +83,7 @@ result<std::string> seal_buffer(const cluster_secret& s, std::string_view segmen
                   EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, static_cast<int>(kTag),
                                       out.data() + kIv + plain.size()) == 1;
   if (!ok) return fail(errc::auth_failed, "seal: AES-256-GCM failed");
+  g_seals.fetch_add(1, std::memory_order_relaxed);
   return to_hex(out);
 }
 
@@ -151,31 +157,39 @@ bool verify_descriptor_mac(const cluster_secret& s, std::string_view section, st
   return ::CRYPTO_memcmp(want.data(), got.data(), want.size()) == 0;
 }
 
-const seal_cache::entry* seal_cache::find(const cluster_secret* s, std::string_view segment_name, std::size_t index,
-                                          const buffer_desc& b) {
-  auto it = by_key_.find(key_of(index, b));
-  if (it == by_key_.end()) return nullptr;
-  slot& e = it->second;
-  if (e.secret != s || e.segment != segment_name || e.buffer != b) return nullptr;
-  e.used = true;
-  return &e.e;
+void seal_cache::begin(const cluster_secret* s, std::string_view segment_name) {
+  if (s != secret_ || segment_name != segment_) {
+    by_key_.clear();
+    secret_ = s;
+    segment_ = std::string(segment_name);
+  }
+  ++gen_;
+  used_ = 0;
 }
 
-const seal_cache::entry& seal_cache::store(const cluster_secret* s, std::string_view segment_name, std::size_t index,
-                                           const buffer_desc& b, entry e) {
+const seal_cache::entry* seal_cache::find(std::size_t index, const buffer_desc& b) {
+  auto it = by_key_.find(key_of(index, b));
+  if (it == by_key_.end() || it->second.buffer != b) return nullptr;
+  slot& sl = it->second;
+  if (sl.used_in != gen_) ++used_;
+  sl.used_in = gen_;
+  return &sl.e;
+}
+
+const seal_cache::entry& seal_cache::store(std::size_t index, const buffer_desc& b, entry e) {
   ++misses_;
   slot& sl = by_key_[key_of(index, b)];
-  sl.secret = s;
-  sl.segment = std::string(segment_name);
+  if (sl.used_in != gen_) ++used_;
   sl.buffer = b;
   sl.e = std::move(e);
-  sl.used = true;
+  sl.used_in = gen_;
   return sl.e;
 }
 
 void seal_cache::sweep() {
-  std::erase_if(by_key_, [](const auto& kv) { return !kv.second.used; });
-  for (auto& [key, e] : by_key_) e.used = false;
+  if (used_ == by_key_.size()) return;
+  std::erase_if(by_key_, [this](const auto& kv) { return kv.second.used_in != gen_; });
+  used_ = by_key_.size();
 }
 
 }  // namespace tide::wire

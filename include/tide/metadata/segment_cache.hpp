@@ -83,15 +83,16 @@ class segment_cache {
   /// new or changed buffers, and copies the rest.
   [[nodiscard]] result<std::string> publish_json(const segment_desc& local) {
     if (auto ok = validate_segment(local); !ok) return fail(ok.error());
-    segment_desc stamped = local;
-    stamped.timestamp = current_timestamp();
+    // Stamped in the encode, not in a copy: a copy of the descriptor would
+    // cost an allocation per buffer on every publish.
+    const std::string stamp = current_timestamp();
     result<std::string> json;
     {
       std::lock_guard lock(publish_mu_);  // the entry cache is one encoder's
-      json = encode_segment(stamped, seal_.get(), &entries_);
+      json = encode_segment(local, seal_.get(), &entries_, stamp);
     }
     if (!json) return fail(json.error());
-    if (auto put = backend_.put_segment(stamped.name, *json); !put) return fail(put.error());
+    if (auto put = backend_.put_segment(local.name, *json); !put) return fail(put.error());
     return json;
   }
   /// Buffers encoded (with a secret: sealed) by publishes so far; each

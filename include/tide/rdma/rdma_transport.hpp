@@ -247,6 +247,10 @@ class rdma_transport {
   [[nodiscard]] status resolve_all(std::span<const transfer_request> requests, std::span<resolved_request> res,
                                    std::vector<segment_id>* wanted);
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
+  // The descriptor without its buffers: name, devices, priority matrix.
+  [[nodiscard]] segment_desc local_header() const;
+  // The descriptor's entry of `b` (a remote-visible buffer).
+  [[nodiscard]] static buffer_desc published_entry(const local_buffer& b);
   // Waits (bounded) until `count` is 0, expiring timed-out tasks meanwhile.
   [[nodiscard]] bool drain(const std::atomic<std::size_t>& count) noexcept;
 
@@ -261,6 +265,15 @@ class rdma_transport {
   std::vector<std::unique_ptr<local_buffer>> local_;  ///< sorted by addr
   std::uint32_t next_buffer_id_ = 0;                  ///< under local_mu_
   std::uint64_t local_gen_ = 0;                       ///< under local_mu_: bumped by every change of local_
+  /// Under local_mu_: what changed in the published buffer list since the
+  /// last publish took it (registrations of remote-visible buffers, in id
+  /// order, and unregistrations), so a publish updates published_ by the
+  /// change instead of rebuilding every buffer's entry.
+  struct buffer_change {
+    bool added = false;
+    buffer_desc buffer;  ///< added: the whole entry; removed: only its id
+  };
+  std::vector<buffer_change> changes_;
 
   // Snapshot and store write happen under one mutex, so an older snapshot is
   // never stored after a newer one (review turn 3, finding 7).
@@ -270,6 +283,9 @@ class rdma_transport {
   /// descriptor without them has been published (a peer reading the store
   /// in between would get rkeys that no longer exist).
   std::vector<std::unique_ptr<local_buffer>> withdrawn_;
+  /// Under publish_mu_: the descriptor as the last publish saw it; its
+  /// buffers in id order (= registration order, what local_segment() writes).
+  std::optional<segment_desc> published_;
 
   mutable std::shared_mutex seg_mu_;
   std::vector<std::unique_ptr<segment_slot>> segments_;  ///< by segment_id

@@ -179,6 +179,11 @@ struct notify_desc {
 [[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal);
 [[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal,
                                                  wire::seal_cache* cache);
+/// As above, with `timestamp` written (and, with `seal`, bound by the MACs)
+/// in place of desc.timestamp: a publisher stamps its descriptor without
+/// copying it.
+[[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal,
+                                                 wire::seal_cache* cache, std::string_view timestamp);
 /// Parses and validates.  Unknown fields are ignored.  Required: name,
 /// protocol, buffers, and for "rdma" devices and priority_matrix; optional:
 /// timestamp, tcp_data_port, tcp_proto_version (default 1), rdma_server_name,

@@ -39,6 +39,9 @@ namespace tide::wire {
 /// errc::auth_failed when the RNG or cipher fails (never in practice).
 [[nodiscard]] result<std::string> seal_buffer(const cluster_secret& s, std::string_view segment_name,
                                               std::size_t index, const buffer_desc& b);
+/// Buffers sealed by seal_buffer in this process so far (all threads): what
+/// tests count to see that a publish seals only what changed.
+[[nodiscard]] std::uint64_t seals_done() noexcept;
 /// Opens `sealed` into b.addr, b.rkey, b.lkey (b.id, b.name, b.length and
 /// b.access must already hold the values it was sealed with).  Errors:
 /// errc::metadata_malformed "buffers[<index>].sealed: ..." (not hex, too
@@ -76,32 +79,43 @@ class seal_cache {
     std::string json;                 ///< the buffer's compact JSON object
     std::array<std::uint8_t, 32> mac{};  ///< descriptor_mac("buffer", segment, "", json); with a secret only
   };
-  /// The entry of an equal buffer encoded by an earlier call under the same
-  /// secret and segment name (marked as used), else nullptr.
-  [[nodiscard]] const entry* find(const cluster_secret* s, std::string_view segment_name, std::size_t index,
-                                  const buffer_desc& b);
+  /// Starts one encode of segment `segment_name` under `s` (null: no
+  /// secret).  Entries of another secret or segment name are dropped here,
+  /// once, so find() compares only the buffer.
+  void begin(const cluster_secret* s, std::string_view segment_name);
+  /// The entry of a buffer equal to `b` encoded by an earlier encode (marked
+  /// as used by this one), else nullptr.
+  [[nodiscard]] const entry* find(std::size_t index, const buffer_desc& b);
   /// Stores `e` as b's entry (marked as used) and returns it.
-  const entry& store(const cluster_secret* s, std::string_view segment_name, std::size_t index, const buffer_desc& b,
-                     entry e);
-  /// Forgets the entries not used since the last call (buffers gone).
+  const entry& store(std::size_t index, const buffer_desc& b, entry e);
+  /// Forgets the entries this encode did not use (buffers gone).  Walks the
+  /// entries only when some were not used: a publish after registrations
+  /// alone costs nothing here.
   void sweep();
   /// Entries held; buffers encoded (with a secret: sealed) anew since construction.
   [[nodiscard]] std::size_t size() const noexcept { return by_key_.size(); }
   [[nodiscard]] std::uint64_t misses() const noexcept { return misses_; }
+  /// What the next encode should reserve: the last one's size and a margin,
+  /// so a descriptor grown by a buffer is not copied again while it is built.
+  [[nodiscard]] std::size_t last_size() const noexcept { return last_size_ + last_size_ / 8 + 1024; }
+  void set_last_size(std::size_t n) noexcept { last_size_ = n; }
 
  private:
   struct slot {
-    const cluster_secret* secret = nullptr;
-    std::string segment;
     buffer_desc buffer;
     entry e;
-    bool used = false;
+    std::uint64_t used_in = 0;  ///< the encode (gen_) that last used it
   };
   static std::uint64_t key_of(std::size_t index, const buffer_desc& b) noexcept {
     return b.id ? *b.id : (std::uint64_t{1} << 32) + index;  // ids are 32-bit: no collision
   }
+  const cluster_secret* secret_ = nullptr;
+  std::string segment_;
   std::unordered_map<std::uint64_t, slot> by_key_;
+  std::uint64_t gen_ = 0;        ///< encodes begun
+  std::size_t used_ = 0;         ///< slots marked by the current encode
   std::uint64_t misses_ = 0;
+  std::size_t last_size_ = 0;
 };
 
 }  // namespace tide::wire

@@ -139,6 +139,7 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
     if (next_buffer_id_ == transfer_request::kRawAddress)
       return fail(errc::resource_exhausted, "register_memory: all 2^32-1 buffer ids of this engine are used");
     b->id = next_buffer_id_++;
+    if (access != buffer_access::local_only) changes_.push_back({true, published_entry(*b)});
     local_.insert(it, std::move(b));
     ++local_gen_;
   }
@@ -198,6 +199,11 @@ status rdma_transport<P>::unregister_memory(void* addr, bool do_publish, in_flig
     gone = std::move(*it);
     local_.erase(it);
     ++local_gen_;
+    if (gone->access != buffer_access::local_only) {
+      buffer_change c;
+      c.buffer.id = gone->id;
+      changes_.push_back(std::move(c));
+    }
   }
   {
     // No WR of ours uses the MRs any more; they deregister in the next
@@ -225,6 +231,23 @@ std::size_t rdma_transport<P>::registered_buffers() const {
 
 template <class P>
 segment_desc rdma_transport<P>::local_segment() const {
+  segment_desc d = local_header();
+  std::shared_lock lock(local_mu_);
+  // In id (= registration) order, so a peer that indexes buffers[] (no ids)
+  // sees the order they were registered in.
+  std::vector<const local_buffer*> by_id;
+  for (const auto& b : local_) by_id.push_back(b.get());
+  std::sort(by_id.begin(), by_id.end(), [](const local_buffer* x, const local_buffer* y) { return x->id < y->id; });
+  for (const local_buffer* b : by_id) {
+    if (b->access == buffer_access::local_only) continue;  // never published
+    d.buffers.push_back(published_entry(*b));
+  }
+  d.timestamp = current_timestamp();
+  return d;
+}
+
+template <class P>
+segment_desc rdma_transport<P>::local_header() const {
   segment_desc d;
   d.name = cfg_.context.local_server_name;
   d.protocol = "rdma";
@@ -236,40 +259,53 @@ segment_desc rdma_transport<P>::local_segment() const {
     d.devices.push_back(std::move(dev));
   }
   for (const auto& [key, lists] : matrix_.lists()) d.priority[key] = priority_entry{lists.first, lists.second};
-  std::shared_lock lock(local_mu_);
-  // In id (= registration) order, so a peer that indexes buffers[] (no ids)
-  // sees the order they were registered in.
-  std::vector<const local_buffer*> by_id;
-  for (const auto& b : local_) by_id.push_back(b.get());
-  std::sort(by_id.begin(), by_id.end(), [](const local_buffer* x, const local_buffer* y) { return x->id < y->id; });
-  for (const local_buffer* b : by_id) {
-    if (b->access == buffer_access::local_only) continue;  // never published
-    buffer_desc bd;
-    bd.id = b->id;
-    bd.access = b->access;
-    bd.name = b->location_text;
-    bd.addr = b->addr;
-    bd.length = b->length;
-    bd.lkey = b->lkeys;
-    for (const auto& mr : b->mrs) bd.rkey.push_back(mr.rkey());
-    d.buffers.push_back(std::move(bd));
-  }
-  d.timestamp = current_timestamp();
   return d;
+}
+
+template <class P>
+buffer_desc rdma_transport<P>::published_entry(const local_buffer& b) {
+  buffer_desc bd;
+  bd.id = b.id;
+  bd.access = b.access;
+  bd.name = b.location_text;
+  bd.addr = b.addr;
+  bd.length = b.length;
+  bd.lkey = b.lkeys;
+  for (const auto& mr : b.mrs) bd.rkey.push_back(mr.rkey());
+  return bd;
 }
 
 template <class P>
 status rdma_transport<P>::publish() {
   std::lock_guard lock(publish_mu_);
   std::uint64_t gen = 0;
+  std::vector<buffer_change> changes;
   {
-    std::shared_lock local_lock(local_mu_);
+    std::unique_lock local_lock(local_mu_);
     gen = local_gen_;
+    changes.swap(changes_);
+  }
+  // The header is a few entries per NIC: taken anew, as the buffers once were.
+  segment_desc head = local_header();
+  if (published_) head.buffers = std::move(published_->buffers);
+  published_ = std::move(head);
+  // published_ holds every change up to `gen` even when the store refuses
+  // it below: the next publish retries with the state as it is then.
+  auto& list = published_->buffers;
+  for (auto& c : changes) {
+    if (c.added) {
+      list.push_back(std::move(c.buffer));  // ids only grow: the list stays in id order
+      continue;
+    }
+    auto at = std::lower_bound(list.begin(), list.end(), *c.buffer.id,
+                               [](const buffer_desc& b, std::uint32_t id) { return *b.id < id; });
+    if (at != list.end() && *at->id == *c.buffer.id) list.erase(at);
   }
   status r{};
   // A concurrent publish may already have stored this state (or a newer one).
   if (gen != published_gen_ && publish_) {
-    r = publish_(local_segment());
+    published_->timestamp = current_timestamp();
+    r = publish_(*published_);
     if (r) published_gen_ = gen;
   }
   // Whether or not the store took it: the caller of unregister_memory owns
