@@ -8,6 +8,10 @@
 //   notif. (tcp)  the same from a second initiator with notify_rdma_credits = 0:
 //                 Mooncake's notify message on the handshake port after completion
 //   tcp notify    send_notify() alone -> the target's take_notifies() has it
+//   +after done   for the two notification rows: the target has it minus the
+//                 task's completion stamp (task_telemetry), i.e. what the
+//                 message adds after the data; the rows above also carry the
+//                 target's polling loop slowing a 2-vCPU VM's completions
 // The target polls take_notifies() (with a yield) as an event loop would.
 // Prints median, p90 and p99 in microseconds; measures, never asserts.
 //
@@ -116,7 +120,7 @@ int main(int argc, char** argv) {
               devs[0].c_str(), devs[1].c_str(), iters);
   std::printf("%-9s %-13s %10s %10s %10s\n", "size", "row", "p50 us", "p90 us", "p99 us");
   for (const std::size_t size : sizes) {
-    row plain, notified, notified_tcp, tcp;
+    row plain, notified, notified_tcp, tcp, after, after_tcp;
     const auto r = tide::transfer_request::in_buffer(tide::transfer_op::write, src.data(), *seg, dst_id, 0, size);
     const auto r_tcp = tide::transfer_request::in_buffer(tide::transfer_op::write, src.data(), *seg_tcp, dst_id, 0, size);
     for (std::size_t i = 0; i < iters + 10; ++i) {  // the first 10 warm up (connect, caches)
@@ -134,8 +138,10 @@ int main(int argc, char** argv) {
         const auto t0 = clock_type::now();
         if (auto s = init->submit(b, {&r, 1}, tide::notification{"", "n"}); !s) die(s.error().message());
         await_notification();
-        if (keep) notified.v.push_back(us(clock_type::now() - t0));
+        const auto t1 = clock_type::now();
+        if (keep) notified.v.push_back(us(t1 - t0));
         if (auto w = init->wait(b, 30s); !w) die(w.error().message());
+        if (keep) after.v.push_back(us(t1 - init->task_telemetry(b, 0).value().completion));
         (void)init->free_batch(b);
       }
       {
@@ -143,8 +149,10 @@ int main(int argc, char** argv) {
         const auto t0 = clock_type::now();
         if (auto s = init_tcp->submit(b, {&r_tcp, 1}, tide::notification{"", "n"}); !s) die(s.error().message());
         await_notification();
-        if (keep) notified_tcp.v.push_back(us(clock_type::now() - t0));
+        const auto t1 = clock_type::now();
+        if (keep) notified_tcp.v.push_back(us(t1 - t0));
         if (auto w = init_tcp->wait(b, 30s); !w) die(w.error().message());
+        if (keep) after_tcp.v.push_back(us(t1 - init_tcp->task_telemetry(b, 0).value().completion));
         (void)init_tcp->free_batch(b);
       }
       {
@@ -156,7 +164,8 @@ int main(int argc, char** argv) {
     }
     const std::string label = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
     for (auto [name, rw] : {std::pair{"completion", &plain}, std::pair{"notification", &notified},
-                             std::pair{"notif. (tcp)", &notified_tcp}, std::pair{"tcp notify", &tcp}})
+                             std::pair{"notif. (tcp)", &notified_tcp}, std::pair{"tcp notify", &tcp},
+                             std::pair{"+after done", &after}, std::pair{"+after (tcp)", &after_tcp}})
       std::printf("%-9s %-13s %10.1f %10.1f %10.1f\n", label.c_str(), name, rw->at(0.5), rw->at(0.9), rw->at(0.99));
   }
   for (auto* e : {init.get(), init_tcp.get()}) {

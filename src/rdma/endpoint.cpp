@@ -152,7 +152,7 @@ errc endpoint::post_notify_recv(std::uint32_t slot) noexcept {
   const errc e = qps_[0].post_recv(&wr);
   if (e == errc::ok) {
     ++notify_.rx_posted;
-    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    rx_outstanding_.fetch_add(1, std::memory_order_relaxed);
   }
   return e;
 }
@@ -205,7 +205,7 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   if (i == 0 && notify_.enabled()) {
     // Before RTR: a SEND from the peer can only meet a posted receive.  A
     // reset dropped earlier ones without completions: their holds go.
-    outstanding_.fetch_sub(notify_.rx_posted, std::memory_order_relaxed);
+    rx_outstanding_.fetch_sub(notify_.rx_posted, std::memory_order_relaxed);
     notify_.rx_posted = 0;
     for (std::uint32_t k = 0; k < notify_.rx_slots(); ++k)
       if (auto e = post_notify_recv(k); e != errc::ok)

@@ -224,7 +224,13 @@ class endpoint {
   /// Last access of the caller to the endpoint (release pairs with the
   /// store's acquire load of outstanding()).
   void release(std::size_t n = 1) noexcept { outstanding_.fetch_sub(n, std::memory_order_release); }
-  [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
+  /// The same for receives posted on QP 0 for notifications (lane 0): kept
+  /// apart because they keep the endpoint alive but must not pin it (an
+  /// idle endpoint always has them).
+  void release_recv(std::size_t n = 1) noexcept { rx_outstanding_.fetch_sub(n, std::memory_order_release); }
+  [[nodiscard]] std::size_t outstanding() const noexcept {
+    return outstanding_.load(std::memory_order_acquire) + rx_outstanding_.load(std::memory_order_acquire);
+  }
   /// The store passes over it when choosing a victim: a handshake is in
   /// flight, or WRs / lane messages are outstanding (evicting it would throw
   /// that work away and make the next insert start over).  A ready ack past
@@ -234,7 +240,8 @@ class endpoint {
   [[nodiscard]] bool pinned() const noexcept {
     const auto st = state();
     if (st == endpoint_state::connected_wait_ready_ack && !ack_overdue()) return true;
-    return st == endpoint_state::connecting || st == endpoint_state::establishing || outstanding() != 0;
+    return st == endpoint_state::connecting || st == endpoint_state::establishing ||
+           outstanding_.load(std::memory_order_acquire) != 0;
   }
   /// True once the ready ack's deadline has passed.  Any thread.
   [[nodiscard]] bool ack_overdue() const noexcept {
@@ -279,6 +286,7 @@ class endpoint {
   std::vector<std::uint32_t> local_psn_;  // random initial send PSN per QP
   std::unique_ptr<lane_qp[]> lanes_;
   std::atomic<std::size_t> outstanding_{0};
+  std::atomic<std::size_t> rx_outstanding_{0};  ///< notification receives posted (post_notify_recv)
   std::atomic<endpoint_state> state_{endpoint_state::initializing};
   std::atomic<errc> connect_error_{errc::ok};
   std::atomic<int> agreed_mtu_{0};

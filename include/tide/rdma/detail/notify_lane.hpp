@@ -11,7 +11,7 @@
 /// thread (a lock-free push; the lane wakes); everything else on the lane's
 /// thread.  A notification in the queue or the waiting list is the lane's
 /// until notify_send::sent() hands it back; an endpoint in `listed_` is
-/// held by its posted receives (endpoint::outstanding), so a raw pointer is
+/// held by its posted receives (endpoint::release_recv), so a raw pointer is
 /// safe until its last receive completes or the lane gives the holds up.
 
 #include <tide/detail/log.hpp>
@@ -38,10 +38,13 @@ template <class P>
 class notify_port {
  public:
   using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
-  /// How long a notification waits for a credit (or a send slot) before it
-  /// goes over TCP instead: a slow reader must not hold QP 0's notifications
-  /// back for longer than the TCP path takes.
+  /// How long a notification waits for a credit (or a send slot) while
+  /// none comes before it goes over TCP instead: a reader that stopped
+  /// returning credits must not hold QP 0's notifications back for longer
+  /// than the TCP path takes.  While credits keep coming it waits, up to
+  /// kMaxWaitNs in all.
   static constexpr std::int64_t kCreditWaitNs = 50'000'000;
+  static constexpr std::int64_t kMaxWaitNs = 1'000'000'000;
 
   /// What the port may touch of its lane for one call (lane thread).
   struct lane_view {
@@ -110,7 +113,7 @@ class notify_port {
         // Cannot track its receives: kill the QP so nothing arrives, and give the holds up.
         e.lane_error(0);
         rx_posted_ -= q.rx_posted;
-        e.release(q.rx_posted);
+        e.release_recv(q.rx_posted);
         q.rx_posted = 0;
       }
     }
@@ -152,6 +155,7 @@ class notify_port {
         if (d.kind == notify_kind::message) ++q.to_return;  // it took a message receive
       } else if (d.kind == notify_kind::credit) {
         q.tx_credits = std::min(q.tx_credits + d.credits, q.tx_slots() - kCreditReserve);
+        q.progress_ns = steady_now_ns();
       } else {
         // The authenticated identity of the peer (with a secret the handshake
         // bound it to this NIC path's server) or the name it gave: the
@@ -188,7 +192,7 @@ class notify_port {
       const std::uint32_t n = q.rx_posted;
       q.rx_posted = 0;
       q.listed = false;
-      e->release(n);
+      e->release_recv(n);
     }
     listed_.clear();
     rx_posted_ = 0;
@@ -221,7 +225,7 @@ class notify_port {
           break;
         }
     }
-    e.release(1);
+    e.release_recv(1);
   }
 
   void give_back_waiting() noexcept {
@@ -292,7 +296,8 @@ class notify_port {
           if (what != gone) q.give_back_tx(s);
         } else {
           if (n->waiting_since_ns == 0) n->waiting_since_ns = now;
-          if (now - n->waiting_since_ns < kCreditWaitNs) what = keep;
+          const std::int64_t since = std::max(n->waiting_since_ns, q.progress_ns);
+          if (now - since < kCreditWaitNs && now - n->waiting_since_ns < kMaxWaitNs) what = keep;
         }
       }
       if (what == keep) {

@@ -179,6 +179,7 @@ class notify_qp final : public wr_hook {
   std::uint32_t tx_credits = 0;  ///< message SENDs the peer still has receives for
   std::uint32_t to_return = 0;   ///< message receives reposted, not yet credited back
   bool listed = false;           ///< in its lane's list of endpoints with receives
+  std::int64_t progress_ns = 0;  ///< when credits last came back (the waiting list's clock)
 
  private:
   bool enabled_ = false;
