@@ -4,7 +4,14 @@
 // iteration by iteration so they share the machine's noise:
 //   completion    submit -> the initiator's wait() returns
 //   notification  submit(…, notification) -> the target's take_notifies() has it
+//                 (tide peers: a SEND on QP 0 after the data, notify_rdma_credits)
+//   notif. (tcp)  the same from a second initiator with notify_rdma_credits = 0:
+//                 Mooncake's notify message on the handshake port after completion
 //   tcp notify    send_notify() alone -> the target's take_notifies() has it
+//   +after done   for the two notification rows: the target has it minus the
+//                 task's completion stamp (task_telemetry), i.e. what the
+//                 message adds after the data; the rows above also carry the
+//                 target's polling loop slowing a 2-vCPU VM's completions
 // The target polls take_notifies() (with a yield) as an event loop would.
 // Prints median, p90 and p99 in microseconds; measures, never asserts.
 //
@@ -77,22 +84,27 @@ int main(int argc, char** argv) {
   if (devs.size() == 1) devs.push_back(devs[0]);
   if (iters == 0 || sizes.empty()) die("--iters and --sizes must be non-empty");
 
-  auto make = [](const std::string& dev) {
+  auto make = [](const std::string& dev, std::uint32_t rdma_credits = 8) {
     tide::engine_config c;
     c.local_server_name = "127.0.0.1";
     c.devices = {dev};
+    c.notify_rdma_credits = rdma_credits;
     auto e = tide::transfer_engine<>::create(c);
     if (!e) die("create on " + dev + ": " + e.error().message());
     return std::move(*e);
   };
   auto target = make(devs[0]);
   auto init = make(devs[1]);
+  auto init_tcp = make(devs[1], 0);
   const std::size_t cap = *std::max_element(sizes.begin(), sizes.end());
   std::vector<unsigned char> src(cap, 0x5a), dst(cap, 0);
   if (auto r = init->register_memory(src.data(), cap, "cpu:0"); !r) die(r.error().message());
+  if (auto r = init_tcp->register_memory(src.data(), cap, "cpu:0"); !r) die(r.error().message());
   if (auto r = target->register_memory(dst.data(), cap, "cpu:0"); !r) die(r.error().message());
   auto seg = init->open_segment(target->segment_name());
   if (!seg) die(seg.error().message());
+  auto seg_tcp = init_tcp->open_segment(target->segment_name());
+  if (!seg_tcp) die(seg_tcp.error().message());
   const auto dst_id = target->buffer_id(dst.data()).value();
 
   auto await_notification = [&] {
@@ -108,8 +120,9 @@ int main(int argc, char** argv) {
               devs[0].c_str(), devs[1].c_str(), iters);
   std::printf("%-9s %-13s %10s %10s %10s\n", "size", "row", "p50 us", "p90 us", "p99 us");
   for (const std::size_t size : sizes) {
-    row plain, notified, tcp;
+    row plain, notified, notified_tcp, tcp, after, after_tcp;
     const auto r = tide::transfer_request::in_buffer(tide::transfer_op::write, src.data(), *seg, dst_id, 0, size);
+    const auto r_tcp = tide::transfer_request::in_buffer(tide::transfer_op::write, src.data(), *seg_tcp, dst_id, 0, size);
     for (std::size_t i = 0; i < iters + 10; ++i) {  // the first 10 warm up (connect, caches)
       const bool keep = i >= 10;
       {
@@ -125,9 +138,22 @@ int main(int argc, char** argv) {
         const auto t0 = clock_type::now();
         if (auto s = init->submit(b, {&r, 1}, tide::notification{"", "n"}); !s) die(s.error().message());
         await_notification();
-        if (keep) notified.v.push_back(us(clock_type::now() - t0));
+        const auto t1 = clock_type::now();
+        if (keep) notified.v.push_back(us(t1 - t0));
         if (auto w = init->wait(b, 30s); !w) die(w.error().message());
+        if (keep) after.v.push_back(us(t1 - init->task_telemetry(b, 0).value().completion));
         (void)init->free_batch(b);
+      }
+      {
+        auto b = init_tcp->allocate_batch(1).value();
+        const auto t0 = clock_type::now();
+        if (auto s = init_tcp->submit(b, {&r_tcp, 1}, tide::notification{"", "n"}); !s) die(s.error().message());
+        await_notification();
+        const auto t1 = clock_type::now();
+        if (keep) notified_tcp.v.push_back(us(t1 - t0));
+        if (auto w = init_tcp->wait(b, 30s); !w) die(w.error().message());
+        if (keep) after_tcp.v.push_back(us(t1 - init_tcp->task_telemetry(b, 0).value().completion));
+        (void)init_tcp->free_batch(b);
       }
       {
         const auto t0 = clock_type::now();
@@ -138,12 +164,17 @@ int main(int argc, char** argv) {
     }
     const std::string label = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
     for (auto [name, rw] : {std::pair{"completion", &plain}, std::pair{"notification", &notified},
-                             std::pair{"tcp notify", &tcp}})
+                             std::pair{"notif. (tcp)", &notified_tcp}, std::pair{"tcp notify", &tcp},
+                             std::pair{"+after done", &after}, std::pair{"+after (tcp)", &after_tcp}})
       std::printf("%-9s %-13s %10.1f %10.1f %10.1f\n", label.c_str(), name, rw->at(0.5), rw->at(0.9), rw->at(0.99));
   }
-  const auto out = init->outbox_stats();
-  std::printf("outbox: %llu sent, %llu dropped, %llu refused, %llu errors\n",
-              static_cast<unsigned long long>(out.sent), static_cast<unsigned long long>(out.dropped_failed),
-              static_cast<unsigned long long>(out.refused), static_cast<unsigned long long>(out.send_errors));
+  for (auto* e : {init.get(), init_tcp.get()}) {
+    const auto out = e->outbox_stats();
+    std::printf("outbox (%s): %llu sent (%llu rdma, %llu tcp), %llu dropped, %llu refused, %llu errors\n",
+                e == init.get() ? "notification" : "notif. (tcp)", static_cast<unsigned long long>(out.sent),
+                static_cast<unsigned long long>(out.sent_rdma), static_cast<unsigned long long>(out.sent_tcp),
+                static_cast<unsigned long long>(out.dropped_failed), static_cast<unsigned long long>(out.refused),
+                static_cast<unsigned long long>(out.send_errors));
+  }
   return 0;
 }

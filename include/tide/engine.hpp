@@ -103,6 +103,15 @@ struct engine_config {
   std::size_t notify_max_count = 4096;
   std::size_t notify_max_bytes = std::size_t{4} << 20;
   std::uint32_t notify_rate_per_peer = 1000;  ///< per sender per second; 0 = unbounded
+  /// Receive buffers each endpoint posts for transfer-bound notifications
+  /// sent over RDMA (a SEND on the endpoint's QP 0 after the data, with
+  /// credits), advertised in the handshake; 0..64, 0 = off.  Only between
+  /// tide peers that both advertise it; Mooncake peers, and tide peers with
+  /// 0 (or an idle strategy that does not wake on completions), get
+  /// Mooncake's TCP notify message.  TIDE_NOTIFY_RDMA_CREDITS.  Off by
+  /// default until the whole rxe suite has run green with it on (8 is the
+  /// value the notify suite and bench/notify_latency use).
+  std::uint32_t notify_rdma_credits = 0;
   std::string custom_topology_json;        ///< priority matrix override
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
@@ -300,9 +309,14 @@ class transfer_engine {
   /// dropped (outbox_stats().dropped_failed) and the tasks' status says why.
   /// One message per submit, not per request.  Each submit to a batch may
   /// carry its own notification, covering that submit's requests only.
-  /// Today it travels as Mooncake's notify message to the target's
-  /// handshake port after the data (so Mooncake peers take it too); a
-  /// refusal by the target's inbox bound is counted in outbox_stats().refused.
+  /// Between tide peers that both advertise it (notify_rdma_credits) it is
+  /// one SEND on QP 0 of an endpoint to the target, within the receive
+  /// credits the target posted (outbox_stats().sent_rdma; a refusal by the
+  /// target's inbox is then counted at the target only).  Otherwise, and
+  /// when no credit comes within 50 ms or the endpoint is not connected, it
+  /// is Mooncake's notify message to the target's handshake port after the
+  /// data (so Mooncake peers take it too; sent_tcp); a refusal by the
+  /// target's inbox bound is counted in outbox_stats().refused.
   /// Errors: invalid_argument (no requests; requests to more than one
   /// segment: one notification follows one target, so submit per segment;
   /// name + message over notification::kMaxBytes), unknown_segment, and

@@ -81,6 +81,7 @@ status each_number(engine_config& c, F&& f) {
   if (auto r = f("notify_max_count", "", c.notify_max_count, 1, 1LL << 32); !r) return r;
   if (auto r = f("notify_max_bytes", "", c.notify_max_bytes, 1, 1LL << 40); !r) return r;
   if (auto r = f("notify_rate_per_peer", "", c.notify_rate_per_peer, 0, 1LL << 31); !r) return r;
+  if (auto r = f("notify_rdma_credits", "NOTIFY_RDMA_CREDITS", c.notify_rdma_credits, 0, 64); !r) return r;
   return {};
 }
 

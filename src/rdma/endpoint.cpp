@@ -64,6 +64,11 @@ result<std::unique_ptr<endpoint>> endpoint::create(const endpoint_params& params
     ep->qps_.push_back(std::move(*qp));
   }
   ep->lanes_ = std::make_unique<lane_qp[]>(params.num_qp);
+  if (params.notify_credits != 0 && params.notify_budget) {
+    const std::int64_t need = params.notify_credits + detail::kCreditReserve;
+    if (params.notify_budget->fetch_sub(need, std::memory_order_relaxed) >= need) ep->advertised_ = true;
+    else params.notify_budget->fetch_add(need, std::memory_order_relaxed);
+  }
   ep->state_.store(endpoint_state::unconnected, std::memory_order_release);
   return ep;
 }
@@ -73,6 +78,8 @@ endpoint::~endpoint() {
     TIDE_LOG_WARN("endpoint " << params_.local_nic_path << " -> " << peer_nic_path_ << " destroyed with "
                               << outstanding() << " WRs or lane messages outstanding");
   state_.store(endpoint_state::destroyed, std::memory_order_release);
+  if (advertised_)
+    params_.notify_budget->fetch_add(params_.notify_credits + detail::kCreditReserve, std::memory_order_relaxed);
 }
 
 void endpoint::on_evict() noexcept {
@@ -100,6 +107,7 @@ handshake_desc endpoint::local_desc(bool with_ready_ack) const {
   if (with_ready_ack) d.ready_ack = false;
   d.mtu = static_cast<std::uint32_t>(verbs::mtu_bytes(params_.mtu));
   d.psn = local_psn_;
+  if (advertised_) d.notify_credits = params_.notify_credits;
   return d;
 }
 
@@ -124,7 +132,60 @@ result<peer_route> endpoint::route_to(const handshake_desc& peer) const {
   r.qp_num = peer.qp_num;
   r.own_psn = peer.psn.has_value() && peer.psn->size() == peer.qp_num.size();
   r.rq_psn = r.own_psn ? *peer.psn : std::vector<std::uint32_t>(peer.qp_num.size(), 0);
+  r.peer_notify_credits = peer.notify_credits.value_or(0);
   return r;
+}
+
+status endpoint::prepare_notify(const peer_route& r) {
+  if (!advertised_ || r.peer_notify_credits == 0) return {};
+  return notify_.prepare(*params_.pd, params_.notify_credits, r.peer_notify_credits);
+}
+
+errc endpoint::post_notify_recv(std::uint32_t slot) noexcept {
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(notify_.rx_buf(slot)), detail::kNotifySlot, notify_.lkey()};
+  ibv_recv_wr wr{};
+  // Bit 0 tags a receive: slices (and the notify_qp's send slices) are
+  // 8-aligned, so the lane tells the two apart before touching anything.
+  wr.wr_id = (std::uint64_t{slot} << 1) | 1u;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  const errc e = qps_[0].post_recv(&wr);
+  if (e == errc::ok) {
+    ++notify_.rx_posted;
+    rx_outstanding_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return e;
+}
+
+errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept {
+  lane_qp& l = lanes_[0];
+  if (!l.rts || state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
+    return errc::endpoint_closed;
+  detail::slice& s = notify_.tx_wr(slot);
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(notify_.tx_buf(slot)), len, notify_.lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = reinterpret_cast<std::uint64_t>(&s);
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  // Signaled: its completion frees the buffer and says it was delivered;
+  // an unsignaled one would be retired by a later slice's completion.
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (len <= qps_[0].caps().max_inline_data) wr.send_flags |= IBV_SEND_INLINE;
+  s.ep = this;
+  s.qp = 0;
+  s.next = nullptr;
+  l.ring.reserve(params_.caps.max_send_wr);
+  l.ring.push(&s);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  const errc e = qps_[0].post_send(&wr);
+  if (e != errc::ok) [[unlikely]] {
+    l.ring.unpush(1);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    return e;
+  }
+  l.since_signal = 0;
+  return errc::ok;
 }
 
 void endpoint::set_peer(const peer_route& r) {
@@ -141,6 +202,15 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   l.left_reset = false;
   if (auto s = qp.to_init(params_.port); !s) return s;
   l.left_reset = true;
+  if (i == 0 && notify_.enabled()) {
+    // Before RTR: a SEND from the peer can only meet a posted receive.  A
+    // reset dropped earlier ones without completions: their holds go.
+    rx_outstanding_.fetch_sub(notify_.rx_posted, std::memory_order_relaxed);
+    notify_.rx_posted = 0;
+    for (std::uint32_t k = 0; k < notify_.rx_slots(); ++k)
+      if (auto e = post_notify_recv(k); e != errc::ok)
+        return fail(e, "post_recv on QP 0 for notifications of " + peer_nic_path_);
+  }
   verbs::remote_qp rq = r.base;
   rq.qp_num = r.qp_num[i];
   rq.rq_psn = r.rq_psn[i];

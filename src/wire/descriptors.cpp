@@ -559,6 +559,7 @@ std::string encode_handshake(const handshake_desc& d) {
   j["reply_msg"] = d.reply_msg;
   if (d.mtu) j["mtu"] = *d.mtu;
   if (d.psn) j["psn"] = keys_json(*d.psn);
+  if (d.notify_credits) j["notify_credits"] = *d.notify_credits;
   return dump_line(j);
 }
 
@@ -604,6 +605,13 @@ result<handshake_desc> decode_handshake(std::string_view text) try {
     if (psn.size() != d.qp_num.size())
       return malformed("psn", std::to_string(psn.size()) + " PSNs for " + std::to_string(d.qp_num.size()) + " QPs");
     d.psn = std::move(psn);
+  }
+  if (f.find("notify_credits")) {
+    std::uint64_t n = 0;
+    TIDE_TRY_ASSIGN(n, f.unsigned_int("notify_credits", UINT32_MAX));
+    if (n < 1 || n > kMaxNotifyCredits)
+      return malformed("notify_credits", "must be 1.." + std::to_string(kMaxNotifyCredits) + ", got " + std::to_string(n));
+    d.notify_credits = static_cast<std::uint32_t>(n);
   }
   return d;
 } catch (const std::exception& e) {

@@ -826,7 +826,7 @@ TEST_CASE("open/close and register/unregister cycles leave no QP, MR or endpoint
   for (int i = 0; i < cycles; ++i) {
     REQUIRE(a->register_memory(la.data, la.size));
     auto seg = a->open_segment(b->segment_name());
-    REQUIRE(seg);
+    REQUIRE_MESSAGE(seg, "cycle " << i << ": " << (seg ? "" : seg.error().message()));
     if (i % 1000 == 0)
       REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, *seg,
                                                        reinterpret_cast<std::uint64_t>(lb.data), 4096)));

@@ -11,6 +11,11 @@
 //    sides, every byte still delivered, and the next notification gets in.
 //  - misuse: no requests, two segments, too long: invalid_argument.
 //  - with the cluster secret the sender is the authenticated identity.
+// Between these tide engines notifications go as RDMA SENDs on QP 0
+// (notify_rdma_credits): the 1000-batch case asserts that nearly all did
+// (outbox_stats().sent_rdma); a burst past the credits loses and doubles
+// nothing; a peer that does not advertise gets TCP notifications; engines
+// torn down with notifications in flight neither crash nor hang.
 
 #include <doctest/doctest.h>
 
@@ -66,6 +71,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> sides() {
 tide::engine_config config(const std::vector<std::string>& devices) {
   auto c = tide::test::config_for(devices);
   c.max_retry = 1;  // a buffer gone at the peer fails soon
+  c.notify_rdma_credits = 8;  // the RDMA path (off by default); cases that test TCP set 0
   return c;
 }
 
@@ -162,7 +168,8 @@ TEST_CASE("1000 batches with notifications: each exactly once, after its data; n
         sb.completed = st->state == transfer_state::completed;
         if (sb.completed) ++completed;
         else failed.insert(it->first);
-        REQUIRE(a->free_batch(sb.id));
+        auto fb = a->free_batch(sb.id);
+        REQUIRE_MESSAGE(fb, "batch " << it->first << ": " << (fb ? "" : fb.error().message()));
       }
       if (!sb.completed || notification_read(sb)) {
         slot_busy[sb.slot] = false;
@@ -250,9 +257,10 @@ TEST_CASE("1000 batches with notifications: each exactly once, after its data; n
   }
   const auto out = a->outbox_stats();
   const auto in = b->notification_stats();
-  MESSAGE(completed << " batches completed, " << failed.size() << " failed; outbox: " << out.sent << " sent, "
-                    << out.dropped_failed << " dropped (failed), " << out.refused << " refused, " << out.send_errors
-                    << " errors; inbox: " << in.accepted << " accepted");
+  MESSAGE(completed << " batches completed, " << failed.size() << " failed; outbox: " << out.sent << " sent ("
+                    << out.sent_rdma << " over RDMA, " << out.sent_tcp << " over TCP, " << out.rdma_fallbacks
+                    << " fell back), " << out.dropped_failed << " dropped (failed), " << out.refused << " refused, "
+                    << out.send_errors << " errors; inbox: " << in.accepted << " accepted");
   for (const auto& n : a->stats().nics) MESSAGE(n.name << ": " << n.bytes << " bytes, " << n.wrs << " WRs");
   CHECK(failed.size() >= kBatches / kFailEvery);
   CHECK(completed + failed.size() == kBatches);
@@ -266,14 +274,23 @@ TEST_CASE("1000 batches with notifications: each exactly once, after its data; n
   CHECK(out.dropped_failed == failed.size());
   CHECK(out.refused + out.send_errors == 0);
   CHECK(in.accepted == completed);
+  CHECK(out.sent_rdma + out.sent_tcp == out.sent);
+  // Nearly all over RDMA: TCP only while a fresh endpoint connects after a
+  // failed batch killed the old one's QPs.
+  CHECK_MESSAGE(out.sent_rdma * 10 >= out.sent * 9, out.sent_rdma << " of " << out.sent << " over RDMA");
   if (side_a.size() == 2)
     for (const auto& n : a->stats().nics) CHECK_MESSAGE(n.bytes > 0, n.name << " carried nothing");
 }
 
 TEST_CASE("a flood past the target's inbox bound is refused and counted; the data path is unharmed") {
   const auto [side_a, side_b] = sides();
+  // Over TCP the sender is told of each refusal; over RDMA only the target
+  // counts them (a SEND has no answer), and the sender counts it delivered.
+  for (const std::uint32_t credits : {0u, 8u}) {
+  CAPTURE(credits);
   auto ca = config(side_a);
   auto cb = config(side_b);
+  ca.notify_rdma_credits = cb.notify_rdma_credits = credits;
   cb.notify_max_count = 16;
   cb.notify_rate_per_peer = 0;  // the count bound, not the rate bound, refuses here
   auto a = tide::test::make_engine(ca);
@@ -306,8 +323,15 @@ TEST_CASE("a flood past the target's inbox bound is refused and counted; the dat
   MESSAGE("outbox: " << out.sent << " sent, " << out.refused << " refused; inbox: " << in.accepted << " accepted, "
                      << in.dropped_count << " refused by the count bound");
   CHECK(out.pending == 0);
-  CHECK(out.sent == 16);
-  CHECK(out.refused == kFlood - 16);
+  if (credits == 0) {
+    CHECK(out.sent == 16);
+    CHECK(out.refused == kFlood - 16);
+    CHECK(out.sent_rdma == 0);
+  } else {
+    CHECK(out.sent + out.refused == kFlood);  // refused: the ones that fell back to TCP
+    CHECK(out.sent_rdma > 0);
+  }
+  CHECK(out.send_errors == 0);
   CHECK(in.accepted == 16);
   CHECK(in.dropped_count == kFlood - 16);
   auto got = b->take_notifies();
@@ -331,6 +355,7 @@ TEST_CASE("a flood past the target's inbox bound is refused and counted; the dat
   REQUIRE(after.size() == 1);
   CHECK(after[0].notify_msg == "after");
   CHECK(std::memcmp(src.data, dst.data, kSize) == 0);
+  }
 }
 
 TEST_CASE("notification misuse is invalid_argument, and nothing is submitted") {
@@ -412,4 +437,181 @@ TEST_CASE("with the cluster secret the target records the authenticated sender, 
   CHECK(got[0].name == a->segment_name());
   CHECK(got[0].notify_msg == "signed");
   CHECK(std::memcmp(src.data, dst.data, src.size) == 0);
+}
+
+namespace {
+
+// Submits `n` one-request batches of `size` bytes from a to b (request k at
+// k * size, its own fill), each with notification "burst <k>", and waits for
+// the data; returns the batches' states.
+template <class Engine>
+void submit_burst(Engine& a, tide::segment_id seg, std::uint32_t dst_id, buffer& src, std::size_t n, std::size_t size,
+                  const std::string& prefix, std::vector<tide::batch_id>* keep = nullptr) {
+  for (std::size_t k = 0; k < n; ++k) {
+    tide::test::fill(src.data + k * size, size, 1000 + k);
+    auto r = transfer_request::in_buffer(transfer_op::write, src.data + k * size, seg, dst_id, k * size, size);
+    auto batch = a.allocate_batch(1).value();
+    auto s = a.submit(batch, {&r, 1}, tide::notification{"", prefix + std::to_string(k)});
+    REQUIRE_MESSAGE(s, s.error().message());
+    if (keep != nullptr) keep->push_back(batch);
+  }
+}
+
+// Reads b's inbox until `n` messages came or `wait` passed; checks each
+// names a distinct k whose bytes are at the target.  Returns how many came.
+template <class Engine>
+std::size_t read_burst(Engine& b, const buffer& src, const buffer& dst, std::size_t n, std::size_t size,
+                       const std::string& prefix, std::chrono::milliseconds wait) {
+  std::set<std::size_t> seen;
+  std::size_t dup = 0, bad = 0, stray = 0;
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (seen.size() < n && std::chrono::steady_clock::now() < until) {
+    for (const auto& m : b.take_notifies()) {
+      if (m.notify_msg.rfind(prefix, 0) != 0) {
+        ++stray;
+        continue;
+      }
+      const std::size_t k = std::stoul(m.notify_msg.substr(prefix.size()));
+      if (k >= n) {
+        ++stray;
+        continue;
+      }
+      if (!seen.insert(k).second) ++dup;
+      if (std::memcmp(src.data + k * size, dst.data + k * size, size) != 0) ++bad;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(dup == 0);
+  CHECK(bad == 0);
+  CHECK(stray == 0);
+  return seen.size();
+}
+
+}  // namespace
+
+TEST_CASE("a burst of notifications past the credits, read late: none lost, none twice, each after its data") {
+  const auto [side_a, side_b] = sides();
+  auto a = tide::test::make_engine(config(side_a));
+  auto cb = config(side_b);
+  cb.notify_rate_per_peer = 0;
+  auto b = tide::test::make_engine(cb);
+  constexpr std::size_t kBurst = 300, kSize = 4096;
+  buffer src(kBurst * kSize), dst(kBurst * kSize);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  const auto seg = a->open_segment(b->segment_name()).value();
+  const auto dst_id = b->buffer_id(dst.data).value();
+  // Connect first, so that the burst finds the endpoint up (a notification
+  // while it connects goes over TCP).
+  auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
+  REQUIRE(tide::test::run_one(*a, warm));
+  std::vector<tide::batch_id> batches;
+  submit_burst(*a, seg, dst_id, src, kBurst, kSize, "burst ", &batches);
+  for (auto batch : batches) {
+    REQUIRE(a->wait(batch, 60s));
+    CHECK(a->batch_status(batch)->state == transfer_state::completed);
+    REQUIRE(a->free_batch(batch));
+  }
+  // The target reads nothing until every notification left the sender: the
+  // credits ran out on the way (300 > 8), the receiver returned them.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  const auto out = a->outbox_stats();
+  MESSAGE("outbox: " << out.sent << " sent (" << out.sent_rdma << " RDMA, " << out.sent_tcp << " TCP, "
+                     << out.rdma_fallbacks << " fell back), " << out.refused << " refused");
+  CHECK(out.pending == 0);
+  CHECK(out.sent == kBurst);
+  CHECK(out.sent_rdma + out.sent_tcp == kBurst);
+  CHECK(out.sent_rdma > 8);  // more than one round of credits went over RDMA
+  CHECK(out.refused + out.send_errors == 0);
+  // A SEND completes at the sender when the target's NIC took it; the
+  // target's lane puts it in the inbox a moment later.
+  for (int i = 0; i < 3000 && b->notification_stats().queued < kBurst; ++i) std::this_thread::sleep_for(1ms);
+  CHECK(b->notification_stats().queued == kBurst);  // within the inbox bound (4096)
+  CHECK(read_burst(*b, src, dst, kBurst, kSize, "burst ", 30s) == kBurst);
+  CHECK(b->notification_stats().accepted == kBurst);
+}
+
+TEST_CASE("a peer that does not advertise RDMA notifications gets them over TCP, either way round") {
+  const auto [side_a, side_b] = sides();
+  for (const bool target_off : {true, false}) {
+    CAPTURE(target_off);
+    auto ca = config(side_a), cb = config(side_b);
+    (target_off ? cb : ca).notify_rdma_credits = 0;
+    auto a = tide::test::make_engine(ca);
+    auto b = tide::test::make_engine(cb);
+    constexpr std::size_t kN = 20, kSize = 8192;
+    buffer src(kN * kSize), dst(kN * kSize);
+    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+    REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+    const auto seg = a->open_segment(b->segment_name()).value();
+    const auto dst_id = b->buffer_id(dst.data).value();
+    std::vector<tide::batch_id> batches;
+    submit_burst(*a, seg, dst_id, src, kN, kSize, "plain ", &batches);
+    for (auto batch : batches) {
+      REQUIRE(a->wait(batch, 60s));
+      REQUIRE(a->free_batch(batch));
+    }
+    CHECK(read_burst(*b, src, dst, kN, kSize, "plain ", 30s) == kN);
+    // The target has them before the sender has counted the last reply.
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    const auto out = a->outbox_stats();
+    CHECK(out.sent == kN);
+    CHECK(out.sent_tcp == kN);
+    CHECK(out.sent_rdma == 0);
+    CHECK(out.rdma_fallbacks == 0);  // never offered to a lane: the endpoint has no RDMA notifications
+  }
+}
+
+TEST_CASE("engines torn down with notifications in flight: no crash, no hang, nothing doubled") {
+  const auto [side_a, side_b] = sides();
+  constexpr std::size_t kN = 64, kSize = 65536;
+  buffer src(kN * kSize), dst(kN * kSize);
+  auto cb = config(side_b);
+  cb.notify_rate_per_peer = 0;
+  auto b = tide::test::make_engine(cb);
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  const auto dst_id = b->buffer_id(dst.data).value();
+  {
+    // The initiator goes while batches and their notifications are in
+    // flight: a batch its teardown flushed ends FAILED and sends nothing; a
+    // notification a lane still holds goes back to the outbox, which sends
+    // it over TCP before the engine is gone.
+    auto a = tide::test::make_engine(config(side_a));
+    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+    const auto seg = a->open_segment(b->segment_name()).value();
+    auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
+    REQUIRE(tide::test::run_one(*a, warm));
+    submit_burst(*a, seg, dst_id, src, kN, kSize, "gone ");
+    const auto t0 = std::chrono::steady_clock::now();
+    a.reset();
+    CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+  }
+  // What arrived arrived once and after its data; a batch torn down before
+  // its data landed sends nothing.
+  const std::size_t got = read_burst(*b, src, dst, kN, kSize, "gone ", 3s);
+  MESSAGE(got << " of " << kN << " notifications arrived before the initiator was gone");
+  {
+    // The target goes with its receives posted and notifications on the way.
+    auto a = tide::test::make_engine(config(side_a));
+    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+    const auto seg = a->open_segment(b->segment_name()).value();
+    auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
+    REQUIRE(tide::test::run_one(*a, warm));
+    submit_burst(*a, seg, dst_id, src, kN, kSize, "late ");
+    const auto t0 = std::chrono::steady_clock::now();
+    b.reset();
+    CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    const auto out = a->outbox_stats();
+    MESSAGE("after the target went: " << out.sent << " sent, " << out.dropped_failed << " dropped, "
+                                      << out.send_errors << " errors, " << out.pending << " pending");
+    CHECK(out.pending == 0);  // nothing stuck in a lane
+    CHECK(out.sent + out.dropped_failed + out.refused + out.send_errors == kN);
+    a.reset();
+  }
 }

@@ -378,3 +378,32 @@ TEST_CASE("handshake: tide's psn extension round-trips; out of range or miscount
   REQUIRE_FALSE(count);
   CHECK(count.error().detail.find("psn") != std::string::npos);
 }
+
+TEST_CASE("handshake: tide's notify_credits extension round-trips; without it the bytes are as before") {
+  handshake_desc d;
+  d.local_nic_path = "10.0.0.1:15000@rxe0";
+  d.peer_nic_path = "10.0.0.2:15000@rxe1";
+  d.local_gid = gid_bytes{};
+  d.local_gid->raw[15] = 1;
+  d.qp_num = {17, 18};
+  const std::string before = encode_handshake(d);
+  CHECK(before.find("notify_credits") == std::string::npos);  // a desc without it: Mooncake's bytes
+  d.notify_credits = 8;
+  const std::string with = encode_handshake(d);
+  CHECK(with.find("\"notify_credits\":8") != std::string::npos);
+  auto back = decode_handshake(with);
+  REQUIRE(back);
+  CHECK(*back == d);
+  d.notify_credits.reset();
+  CHECK(encode_handshake(d) == before);
+  auto plain = decode_handshake(before);
+  REQUIRE(plain);
+  CHECK_FALSE(plain->notify_credits.has_value());
+  for (const char* bad : {"0", "65", "-1", "\"8\"", "true"}) {
+    auto r = decode_handshake(std::string(R"({"local_nic_path":"a@x","peer_nic_path":"b@y","local_lid":0,"local_gid":"",)") +
+                              R"("qp_num":[1],"notify_credits":)" + bad + "}");
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::metadata_malformed);
+    CHECK(r.error().detail.find("notify_credits") != std::string::npos);
+  }
+}

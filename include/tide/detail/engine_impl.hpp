@@ -62,6 +62,9 @@ transfer_engine<P>::~transfer_engine() {
   impl_->metrics_server.reset();  // joins its thread: no scrape reads the transport below
   if (impl_->server) impl_->server->stop();
   impl_->transport.store(nullptr, std::memory_order_release);
+  // No notification is handed to a lane from here on; the lanes give back
+  // the ones they hold as they stop (the outbox sends those over TCP).
+  if (impl_->outbox) impl_->outbox->disable_rdma();
   transport_.reset();
   // Every task is final now: what the outbox holds is all it will get.
   if (impl_->outbox) impl_->outbox->stop();
@@ -249,10 +252,28 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.wait_spin = e->cfg_.wait_spin;
   tc.rail.initial_cooldown = e->cfg_.rail_cooldown;
   tc.rail.max_cooldown = e->cfg_.rail_max_cooldown;
+  if (e->cfg_.notify_rdma_credits > kMaxNotifyCredits)
+    return fail(errc::config_invalid, "notify_rdma_credits must be 0.." + std::to_string(kMaxNotifyCredits));
+  tc.context.notify_credits = e->cfg_.notify_rdma_credits;
+  // Notifications that came over RDMA: the same inbox, bounds and sender
+  // rule as the TCP path's handler above (with a secret the sender is the
+  // authenticated peer: the handshake bound the endpoint's NIC path to it).
+  tc.on_notify = [im](const notify_desc& n, std::string_view peer_server) {
+    if (!im->secret) {
+      (void)im->inbox.push(n, n.name);
+      return;
+    }
+    notify_desc from = n;
+    from.name = std::string(peer_server);
+    (void)im->inbox.push(from, peer_server);
+  };
   auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh, peer_gid);
   if (!t) return fail(t.error());
   e->transport_ = std::move(*t);
   im->transport.store(e->transport_.get(), std::memory_order_release);
+  im->outbox->set_rdma([self](segment_id target, rdma::detail::notify_send* n) {
+    return self->transport_->send_notify_rdma(target, n);
+  });
   if (auto r = e->transport_->publish(); !r) return fail(r.error());
   // Mooncake peers in etcd/http mode look the handshake address up here, not
   // in the segment name (research/mooncake-wire.md §3).
@@ -424,7 +445,7 @@ status transfer_engine<P>::submit_notified(batch_id b, std::span<const transfer_
   auto segment = cache_->name_of(target);
   if (!segment) return fail(segment.error().code, "submit: " + segment.error().detail);
   auto item = impl_->outbox->make(std::move(*segment), notify_desc{n.name.empty() ? name_ : n.name, n.message},
-                                  requests.size());
+                                  requests.size(), target);
   if (auto st = transport_->submit(b, requests, item.get()); !st) {
     impl_->outbox->discard(std::move(item));
     return st;

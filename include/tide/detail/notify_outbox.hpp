@@ -15,8 +15,20 @@
 // ended; one to an unreachable peer delays the ones behind it by at most the
 // handshake timeouts (the send function's).
 //
+// RDMA (between tide peers that both advertised it, rdma/detail/notify_qp.hpp):
+// with an rdma function set, the outbox thread first offers a ready item to
+// the transport, which hands it to the lane that owns QP 0 of an endpoint to
+// the target; the lane owns it until notify_send::sent(), which queues it
+// here again: delivered -> counted (sent_rdma), else (no credit in time, QP
+// error, teardown) it goes over TCP as before (rdma_fallbacks).  A SEND whose
+// QP failed after the target took it but before its ack came back is sent
+// again over TCP: the one case where the target may see a notification twice.
+//
 // Thread safety: make() and stats() any thread; done() the retiring lane;
-// stop() once, by the owner, after no task can turn final any more.
+// sent() lane 0 of a context; set_rdma()/disable_rdma() the owner (the rdma
+// function runs under rdma_mu_, so once disable_rdma() returns it never runs
+// again); stop() once, by the owner, after no task can turn final any more
+// and after disable_rdma().
 
 #include <tide/detail/log.hpp>
 #include <tide/errc.hpp>
@@ -38,7 +50,15 @@ namespace tide {
 /// (transfer_engine::outbox_stats).
 struct notify_outbox_stats {
   std::uint64_t submitted = 0;  ///< submits that carried a notification
-  std::uint64_t sent = 0;       ///< accepted by the target's inbox
+  /// Delivered: over TCP, accepted by the target's inbox; over RDMA, in the
+  /// target's receive buffer (its inbox bounds then count a refusal at the
+  /// target only, in its notification_stats()).
+  std::uint64_t sent = 0;
+  std::uint64_t sent_rdma = 0;  ///< of sent: as a SEND on an endpoint's QP 0
+  std::uint64_t sent_tcp = 0;   ///< of sent: Mooncake's notify message on the handshake port
+  /// Handed to a lane but sent over TCP instead (no credit within the wait,
+  /// endpoint gone, QP error, teardown).
+  std::uint64_t rdma_fallbacks = 0;
   /// Not sent: a task of its submit ended FAILED, TIMEOUT or CANCELED (the
   /// task's status says why).
   std::uint64_t dropped_failed = 0;
@@ -56,14 +76,23 @@ class notify_outbox {
   /// Sends `n` to the owner of segment `segment` (its name); runs on the
   /// outbox thread.  handshake_rejected = the peer did not take it.
   using send_fn = std::function<status(const std::string& segment, const notify_desc& n)>;
+  /// Offers a notification to the RDMA path: true = a lane took it (and
+  /// will call sent()); false = send it over TCP.  Outbox thread.
+  using rdma_fn = std::function<bool(segment_id target, rdma::detail::notify_send* n)>;
 
-  struct item final : rdma::detail::task_group {
+  struct item final : rdma::detail::task_group, rdma::detail::notify_send {
+    enum class stage : std::uint8_t { fresh, rdma_delivered, rdma_returned };
     notify_outbox* owner = nullptr;
     std::string segment;
-    notify_desc msg;
+    segment_id target = kInvalidSegment;
     item* next = nullptr;
     bool all_completed = false;
+    stage at = stage::fresh;  ///< written by whoever holds the item, read by the outbox thread after the queue's mutex
     void done(bool ok) noexcept override { owner->ready(this, ok); }
+    void sent(bool delivered) noexcept override {
+      at = delivered ? stage::rdma_delivered : stage::rdma_returned;
+      owner->requeue(this);
+    }
   };
 
   explicit notify_outbox(send_fn send) : send_(std::move(send)), thread_([this] { run(); }) {}
@@ -75,11 +104,13 @@ class notify_outbox {
   /// pending (before the submit: its tasks may end before submit returns).
   /// Hand it to the transport's submit and release() it; if the submit
   /// fails, give it back with discard().  Throws std::bad_alloc.
-  [[nodiscard]] std::unique_ptr<item> make(std::string segment, notify_desc msg, std::size_t tasks) {
+  [[nodiscard]] std::unique_ptr<item> make(std::string segment, notify_desc msg, std::size_t tasks,
+                                           segment_id target = kInvalidSegment) {
     auto it = std::make_unique<item>();
     it->owner = this;
     it->segment = std::move(segment);
-    it->msg = std::move(msg);
+    it->target = target;
+    it->wire_msg = std::move(msg);
     it->left.store(tasks, std::memory_order_relaxed);
     submitted_.fetch_add(1, std::memory_order_relaxed);
     pending_.fetch_add(1, std::memory_order_relaxed);
@@ -90,6 +121,18 @@ class notify_outbox {
     it.reset();
     submitted_.fetch_sub(1, std::memory_order_relaxed);
     pending_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  /// Turns the RDMA path on (the owner, once the transport exists).
+  void set_rdma(rdma_fn f) {
+    std::lock_guard lock(rdma_mu_);
+    rdma_ = std::move(f);
+  }
+  /// Turns it off for good: after return the rdma function is not running
+  /// and never runs again (the owner, before the transport shuts down).
+  void disable_rdma() noexcept {
+    std::lock_guard lock(rdma_mu_);
+    rdma_ = nullptr;
   }
 
   /// Sends what is queued and joins the thread.  Call after every task that
@@ -107,7 +150,10 @@ class notify_outbox {
   [[nodiscard]] notify_outbox_stats stats() const noexcept {
     notify_outbox_stats s;
     s.submitted = submitted_.load(std::memory_order_relaxed);
-    s.sent = sent_.load(std::memory_order_relaxed);
+    s.sent_rdma = sent_rdma_.load(std::memory_order_relaxed);
+    s.sent_tcp = sent_.load(std::memory_order_relaxed);
+    s.sent = s.sent_rdma + s.sent_tcp;
+    s.rdma_fallbacks = fallbacks_.load(std::memory_order_relaxed);
     s.dropped_failed = dropped_.load(std::memory_order_relaxed);
     s.refused = refused_.load(std::memory_order_relaxed);
     s.send_errors = errors_.load(std::memory_order_relaxed);
@@ -119,6 +165,11 @@ class notify_outbox {
   // The last task of the item's submit turned final (the retiring lane).
   void ready(item* it, bool ok) noexcept {
     it->all_completed = ok;
+    requeue(it);
+  }
+
+  // Into the queue: ready, or back from a lane.  Any thread; no allocation.
+  void requeue(item* it) noexcept {
     {
       std::lock_guard lock(mu_);
       it->next = nullptr;
@@ -138,21 +189,41 @@ class notify_outbox {
       head_ = it->next;
       if (head_ == nullptr) tail_ = nullptr;
       lock.unlock();
-      deliver(*it);
-      pending_.fetch_sub(1, std::memory_order_relaxed);
-      it.reset();
+      if (deliver(*it)) {
+        (void)it.release();  // a lane has it now; it comes back through sent()
+      } else {
+        pending_.fetch_sub(1, std::memory_order_relaxed);
+        it.reset();
+      }
       lock.lock();
     }
   }
 
-  void deliver(const item& it) noexcept {
+  // True when a lane took the item (do not touch it any more).
+  bool deliver(item& it) noexcept {
     if (!it.all_completed) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
-      return;
+      return false;
     }
+    if (it.at == item::stage::rdma_delivered) {
+      sent_rdma_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (it.at == item::stage::fresh) {
+      std::lock_guard lock(rdma_mu_);
+      // The lane may hand it back before this returns: `it` is not read after a true.
+      if (rdma_ && it.target != kInvalidSegment && rdma_(it.target, &it)) return true;
+    } else {
+      fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    }
+    send_tcp(it);
+    return false;
+  }
+
+  void send_tcp(const item& it) noexcept {
     status st;
     try {
-      st = send_(it.segment, it.msg);
+      st = send_(it.segment, it.wire_msg);
     } catch (...) {
       st = fail(error{errc::out_of_memory, {}});
     }
@@ -168,12 +239,15 @@ class notify_outbox {
   }
 
   send_fn send_;
+  std::mutex rdma_mu_;  ///< held while rdma_ runs (disable_rdma waits for it)
+  rdma_fn rdma_;        ///< under rdma_mu_; empty: TCP only
   std::mutex mu_;
   std::condition_variable cv_;
   item* head_ = nullptr;  ///< under mu_: ready items, oldest first
   item* tail_ = nullptr;
   bool stopping_ = false;  ///< under mu_
   std::atomic<std::uint64_t> submitted_{0}, sent_{0}, dropped_{0}, refused_{0}, errors_{0};
+  std::atomic<std::uint64_t> sent_rdma_{0}, fallbacks_{0};
   std::atomic<std::size_t> pending_{0};
   std::thread thread_;  // last: started once every member above exists
 };

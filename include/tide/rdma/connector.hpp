@@ -100,6 +100,7 @@ class connector {
         // A duplicate: keep the connection.
         auto reply = e.local_desc(true);
         if (!req.psn) reply.psn.reset();
+        if (!req.notify_credits) reply.notify_credits.reset();
         return reply;
       }
       if (st == endpoint_state::connecting && ctx_.nic_path() < req.local_nic_path)
@@ -144,6 +145,7 @@ class connector {
       ctx_.lanes().wake_all();
       auto reply = e.local_desc(true);
       if (!req.psn) reply.psn.reset();  // a Mooncake peer: both ends start at PSN 0
+      if (!req.notify_credits) reply.notify_credits.reset();  // it sends none: nothing to say
       return reply;
     }
     return reject("endpoint to " + req.local_nic_path + " is busy; retry");
@@ -166,6 +168,10 @@ class connector {
  private:
   // Lanes move their QPs; the caller holds e's setup mutex.
   status establish(endpoint& e, std::shared_ptr<const peer_route> route) {
+    // Before lane 0 posts its receives (in lane_connect).  A failure fails the
+    // connect: the peer may already count on our receives, and a SEND to a
+    // QP without them would retry RNR forever.
+    if (auto r = e.prepare_notify(*route); !r) return r;
     auto latch = ctx_.lanes().send_connect(e, route);
     if (auto r = latch->wait(kLaneAnswerTimeout); !r) return r;
     e.set_peer(*route);

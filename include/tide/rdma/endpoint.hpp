@@ -25,6 +25,7 @@
 
 #include <tide/metadata/descriptors.hpp>
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/notify_qp.hpp>
 #include <tide/rdma/detail/posted_ring.hpp>
 #include <tide/result.hpp>
 #include <tide/verbs/cq.hpp>
@@ -62,6 +63,13 @@ struct endpoint_params {
   std::chrono::milliseconds ready_ack_timeout{10000};
   /// Called from on_evict(): hands "QP to ERR" to every lane.
   std::function<void(endpoint&)> retire;
+  /// Receives to advertise for RDMA notifications (0: none, the peer sends
+  /// them over TCP).  Each advertising endpoint takes notify_credits +
+  /// kCreditReserve entries of lane 0's CQ out of `notify_budget` (shared by
+  /// the context's endpoints) for its life; with too few left it does not
+  /// advertise, so receives can never crowd the data path out of the CQ.
+  std::uint32_t notify_credits = 0;
+  std::shared_ptr<std::atomic<std::int64_t>> notify_budget;
 };
 
 /// Sends a Connection frame to the process that owns `peer_nic_path` and
@@ -80,6 +88,7 @@ struct peer_route {
   std::vector<std::uint32_t> qp_num;    ///< the peer's QP i for our QP i
   std::vector<std::uint32_t> rq_psn;    ///< the peer's initial send PSNs (0 for Mooncake)
   bool own_psn = false;                 ///< the peer carries PSNs: send from ours, else from 0
+  std::uint32_t peer_notify_credits = 0;  ///< the peer's handshake_desc::notify_credits (0: absent)
 };
 
 /// Lane i's part of an endpoint.  Lane i's thread only.
@@ -136,6 +145,10 @@ class endpoint {
   /// Records the peer's QP numbers and the agreed MTU (setup thread, after
   /// every lane reached RTS).
   void set_peer(const peer_route& r);
+  /// Sets up RDMA notifications when both ends advertised them (setup
+  /// thread, before the lanes get the connect message).  Errors: those of
+  /// ibv_reg_mr for the slab (the connect fails: the peer counts on it).
+  [[nodiscard]] status prepare_notify(const peer_route& r);
   /// The peer QP numbers recorded by set_peer (setup threads).
   [[nodiscard]] const std::vector<std::uint32_t>& peer_qp_nums() const noexcept { return peer_qp_nums_; }
   /// Passive side: the ready ack deadline (setup thread, before the state
@@ -154,6 +167,28 @@ class endpoint {
   [[nodiscard]] status lane_connect(std::uint32_t i, const peer_route& r);
   /// QP i -> ERR (its WRs complete flushed).  Idempotent.
   void lane_error(std::uint32_t i) noexcept;
+
+  // ---- RDMA notifications on QP 0 (lane 0's thread; notify_qp.hpp) ----
+  [[nodiscard]] detail::notify_qp& notify() noexcept { return notify_; }
+  /// Notifications may go out here: both ends advertised and the endpoint
+  /// is connected.  Any thread (enabled() is fixed before connected).
+  [[nodiscard]] bool notify_ready() const noexcept {
+    return state() == endpoint_state::connected && notify_.enabled();
+  }
+  /// Posts receive buffer `slot` on QP 0 (holds the endpoint until its
+  /// completion).  Errors: the post's.
+  [[nodiscard]] errc post_notify_recv(std::uint32_t slot) noexcept;
+  /// Posts send buffer `slot` (its first `len` bytes) as one signaled SEND
+  /// on QP 0, into the ring like a slice.  Requires a free SQ slot (the
+  /// caller checks sq_room) and a CQ credit.  Errors: endpoint_closed (not
+  /// RTS / not connected), the post's.
+  [[nodiscard]] errc post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept;
+  /// Free send queue slots on QP i.
+  [[nodiscard]] std::uint32_t sq_room(std::uint32_t i) noexcept {
+    const std::uint32_t depth = params_.caps.max_send_wr;
+    lanes_[i].ring.reserve(depth);
+    return depth - std::min(depth, lanes_[i].ring.size());
+  }
 
   /// Posts slices from the front of `chain` on QP i, at most `credits`
   /// (the lane's free CQ entries) and the send queue's free slots; advances
@@ -189,7 +224,13 @@ class endpoint {
   /// Last access of the caller to the endpoint (release pairs with the
   /// store's acquire load of outstanding()).
   void release(std::size_t n = 1) noexcept { outstanding_.fetch_sub(n, std::memory_order_release); }
-  [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
+  /// The same for receives posted on QP 0 for notifications (lane 0): kept
+  /// apart because they keep the endpoint alive but must not pin it (an
+  /// idle endpoint always has them).
+  void release_recv(std::size_t n = 1) noexcept { rx_outstanding_.fetch_sub(n, std::memory_order_release); }
+  [[nodiscard]] std::size_t outstanding() const noexcept {
+    return outstanding_.load(std::memory_order_acquire) + rx_outstanding_.load(std::memory_order_acquire);
+  }
   /// The store passes over it when choosing a victim: a handshake is in
   /// flight, or WRs / lane messages are outstanding (evicting it would throw
   /// that work away and make the next insert start over).  A ready ack past
@@ -199,7 +240,8 @@ class endpoint {
   [[nodiscard]] bool pinned() const noexcept {
     const auto st = state();
     if (st == endpoint_state::connected_wait_ready_ack && !ack_overdue()) return true;
-    return st == endpoint_state::connecting || st == endpoint_state::establishing || outstanding() != 0;
+    return st == endpoint_state::connecting || st == endpoint_state::establishing ||
+           outstanding_.load(std::memory_order_acquire) != 0;
   }
   /// True once the ready ack's deadline has passed.  Any thread.
   [[nodiscard]] bool ack_overdue() const noexcept {
@@ -237,11 +279,14 @@ class endpoint {
   endpoint_params params_;
   std::string peer_nic_path_;
   std::vector<std::shared_ptr<verbs::completion_queue>> cqs_;  // outlive qps_ (declared first)
+  detail::notify_qp notify_;  // its slab outlives qps_ (declared first): posted receives point into it
+  bool advertised_ = false;   // took notify_credits out of the budget (create; given back in ~endpoint)
   std::vector<verbs::queue_pair> qps_;
   std::vector<std::uint32_t> qp_nums_;    // read once at create: QPNs never change
   std::vector<std::uint32_t> local_psn_;  // random initial send PSN per QP
   std::unique_ptr<lane_qp[]> lanes_;
   std::atomic<std::size_t> outstanding_{0};
+  std::atomic<std::size_t> rx_outstanding_{0};  ///< notification receives posted (post_notify_recv)
   std::atomic<endpoint_state> state_{endpoint_state::initializing};
   std::atomic<errc> connect_error_{errc::ok};
   std::atomic<int> agreed_mtu_{0};

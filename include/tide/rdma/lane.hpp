@@ -14,6 +14,8 @@
 ///    its next pass.
 ///  - memory the lane allocates (posted rings, group vector) is first
 ///    touched by the lane thread, which runs on its NIC's NUMA node.
+///  - RDMA notifications (lane 0 only: QP 0 carries them): notify_port,
+///    detail/notify_lane.hpp; submit_notify() from the outbox thread.
 ///
 /// Credits: the lane posts on a QP only while the QP's send queue has room
 /// and its CQ has a free entry per WR.  Every WR counts against the CQ, not
@@ -22,6 +24,7 @@
 /// exactly when things go wrong.
 
 #include <tide/detail/log.hpp>
+#include <tide/rdma/detail/notify_lane.hpp>
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/detail/slice_queue.hpp>
@@ -168,6 +171,17 @@ class lane {
     idle_->wake();
   }
 
+  /// Hands a notification to this lane (lane 0 of a context) to go out as
+  /// a SEND on QP 0 of the endpoint to n->peer_path; it comes back through
+  /// n->sent().  False once the lane has stopped (the caller keeps it).
+  /// The outbox thread; the engine stops calling before the lanes stop.
+  [[nodiscard]] bool submit_notify(detail::notify_send* n) noexcept {
+    if (closed_.load(std::memory_order_acquire)) return false;
+    notify_.submit(n);
+    idle_->wake();
+    return true;
+  }
+
   void wake() noexcept { idle_->wake(); }
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   /// The lane's current CQ (any thread may compare it; only the lane polls it).
@@ -214,7 +228,9 @@ class lane {
         idle_->on_work();
         continue;
       }
-      if (cq_used_ != 0 && !detail::kIdleWaitsOnCq<P>) {
+      if ((cq_used_ != 0 && !detail::kIdleWaitsOnCq<P>) || notify_.busy()) {
+        // (Or a notification waits for a credit: that wait is bounded by
+        // time, which a sleep would not see pass.)
         // Completions are on their way and this idle strategy would sleep
         // past them (finding 8): keep polling.
         detail::cpu_relax();
@@ -235,7 +251,12 @@ class lane {
     }
     did |= post_pending();
     did |= poll() > 0;
+    did |= notify_.pass(notify_view());
     return did;
+  }
+
+  [[nodiscard]] typename detail::notify_port<P>::lane_view notify_view() noexcept {
+    return {ctx_, cq_->native_handle(), cq_used_, cq_capacity_, posted_};
   }
 
   bool handle_mail() noexcept {
@@ -248,9 +269,11 @@ class lane {
     for (auto& m : mail) {
       switch (m.what) {
         case lane_message::kind::connect: {
+          const std::uint32_t rx_before = m.ep->notify().rx_posted;
           status st = running_.load(std::memory_order_relaxed)
                           ? m.ep->lane_connect(index_, *m.route)
                           : status{fail(errc::endpoint_closed, "lane stopping")};
+          if (index_ == 0) notify_.on_connect(*m.ep, rx_before);  // QP 0's receives complete here
           m.latch->arrive(st);
           break;
         }
@@ -397,7 +420,7 @@ class lane {
       }
       lane_qp& l = e.lane(index_);
       if (!l.rts) continue;  // an older QP state this lane has not seen yet: the message is queued
-      const std::uint32_t credits = cq_capacity_ - std::min(cq_capacity_, cq_used_);
+      const std::uint32_t credits = cq_capacity_ - std::min(cq_capacity_, cq_used_ + notify_.rx_posted());
       if (credits == 0) {
         every_group = false;
         break;
@@ -441,7 +464,7 @@ class lane {
 
   // Polls the CQ once.  Returns the number of completions.
   int poll() noexcept {
-    if (cq_used_ == 0) return 0;
+    if (cq_used_ == 0 && notify_.rx_posted() == 0) return 0;
     std::array<ibv_wc, kPollBatch> wcs;
     const int n = cq_->poll(wcs);
     if (n < 0) [[unlikely]] {
@@ -450,6 +473,10 @@ class lane {
     }
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[static_cast<std::size_t>(i)];
+      if (wc.wr_id & 1u) [[unlikely]] {  // a receive (endpoint::post_notify_recv tags them): no slice
+        notify_.on_recv(notify_view(), wc);
+        continue;
+      }
       auto* s = reinterpret_cast<detail::slice*>(wc.wr_id);
       // The QP names the endpoint, and its ring must hold the slice, before
       // the slice is touched at all: a completion for a slice that is not
@@ -471,7 +498,8 @@ class lane {
       }
       const errc err = verbs::errc_from_wc_status(wc.status);
       if (err != errc::work_request_flushed)
-        TIDE_LOG_WARN(ctx_.name() << " -> " << *s->peer_path << ": " << verbs::wc_error(wc, ctx_.name()).message());
+        TIDE_LOG_WARN(ctx_.name() << " -> " << (s->peer_path != nullptr ? *s->peer_path : e->peer_nic_path()) << ": "
+                                  << verbs::wc_error(wc, ctx_.name()).message());
       // The QP is in ERR now: retire the endpoint (every lane flushes its QP)
       // and redo the slice elsewhere.
       ctx_.retire_endpoint_ptr(e);
@@ -521,6 +549,7 @@ class lane {
     std::vector<handle> eps;
     eps.swap(posted_);
     cq_used_ = 0;
+    notify_.on_cq_error();
     detail::slice* failed = nullptr;
     detail::slice** link = &failed;
     for (auto& h : eps) {
@@ -568,7 +597,7 @@ class lane {
     // Completions of WRs still out: bounded wait (the context moved the QPs
     // to ERR first, so they flush).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (cq_used_ != 0 && std::chrono::steady_clock::now() < until) {
+    while ((cq_used_ != 0 || notify_.rx_posted() != 0) && std::chrono::steady_clock::now() < until) {
       (void)handle_mail();
       if (poll() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -584,6 +613,7 @@ class lane {
       h->release(n);
     }
     posted_.clear();
+    notify_.stop();  // notifications not posted go back (TCP); receives left give their holds up
     (void)handle_mail();
   }
 
@@ -608,6 +638,7 @@ class lane {
   std::uint64_t swept_marks_ = 0;  ///< detail::stop_marks() at the last full sweep
   static constexpr std::size_t kDropWindow = 64;  ///< >= the WRs one post takes
   std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
+  detail::notify_port<P> notify_;  ///< RDMA notifications (used on lane 0 only)
 };
 
 }  // namespace tide::rdma

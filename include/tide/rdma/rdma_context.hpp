@@ -59,6 +59,10 @@ struct context_config {
   int numa_node = -1;             ///< bind lanes here; -1: unbound
   std::chrono::milliseconds ready_ack_timeout{10000};
   std::string sysfs_root = "/sys";
+  /// Receives each endpoint advertises for RDMA notifications (0: none;
+  /// at most kMaxNotifyCredits).  The transport zeroes it when nothing
+  /// takes the messages or the idle strategy would sleep past a receive.
+  std::uint32_t notify_credits = 0;
 };
 
 /// Counters of one context (relaxed; for tests and benchmarks).
@@ -85,6 +89,9 @@ class rdma_context {
   struct hooks {
     handshake_sender send;                              ///< the active handshake
     std::function<void(detail::slice&, errc)> failed;  ///< a slice to retry elsewhere or fail
+    /// A notification arrived over RDMA from the peer whose NIC paths name
+    /// server `peer_server` (lane 0's thread; must not block for long).
+    std::function<void(const notify_desc&, std::string_view peer_server)> notified;
   };
 
   /// Opens `cfg.device`, validates the config against the device, builds
@@ -173,7 +180,9 @@ class rdma_context {
       return h;
     return store_->get_or_insert(peer_path, [&](std::string_view key) { return make_endpoint(key); });
   }
-  [[nodiscard]] handle find_endpoint(std::string_view peer_path) noexcept { return store_->find(peer_path); }
+  [[nodiscard]] handle find_endpoint(std::string_view peer_path) noexcept {
+    return store_ ? store_->find(peer_path) : handle{};  // none after shutdown
+  }
 
   /// Starts the active handshake of `h` (a lane won begin_connect()).
   void start_connect(const handle& h) noexcept { connector_.start_active(h); }
@@ -195,7 +204,26 @@ class rdma_context {
   }
 
   /// A slice failed here: back to the transport (another path, or FAILED).
-  void on_slice_failed(detail::slice& s, errc e) noexcept { hooks_.failed(s, e); }
+  /// A WR of the notification path (hook set) is no transfer's: its owner
+  /// learns it instead.
+  void on_slice_failed(detail::slice& s, errc e) noexcept {
+    if (s.hook != nullptr) [[unlikely]] {
+      detail::retire_wr(s, e);
+      return;
+    }
+    hooks_.failed(s, e);
+  }
+
+  /// An RDMA notification from `peer_server` (lane 0).  Whatever the hook
+  /// throws (bad_alloc) drops the message.
+  void deliver_notify(const notify_desc& n, std::string_view peer_server) noexcept {
+    if (!hooks_.notified) return;
+    try {
+      hooks_.notified(n, peer_server);
+    } catch (...) {
+      TIDE_LOG_WARN(cfg_.device << ": notification from " << peer_server << " dropped (out of memory)");
+    }
+  }
 
   void count_posted(std::size_t slices, std::size_t bytes) noexcept {
     slices_posted_.fetch_add(slices, std::memory_order_relaxed);
@@ -406,8 +434,16 @@ class rdma_context {
     params_.mtu = verbs::path_mtu(port->active_mtu, port->active_mtu, *cap);
     params_.num_qp = static_cast<std::uint32_t>(lanes);
     params_.caps = cfg_.caps;
-    params_.caps.max_recv_wr = 1;  // no receives on the data QPs: no RQ slots to speak of (finding 18)
+    // No receives on the data QPs but QP 0's notification buffers: no RQ
+    // slots to speak of otherwise (finding 18).
+    cfg_.notify_credits = std::min(cfg_.notify_credits, kMaxNotifyCredits);
+    params_.caps.max_recv_wr = cfg_.notify_credits != 0 ? cfg_.notify_credits + detail::kCreditReserve : 1;
     params_.caps.max_recv_sge = 1;
+    if (cfg_.notify_credits != 0) {
+      params_.notify_credits = cfg_.notify_credits;
+      // Half of lane 0's CQ at most for receives: the rest stays the data path's.
+      params_.notify_budget = std::make_shared<std::atomic<std::int64_t>>(cfg_.max_cqe / 2);
+    }
     params_.caps.max_send_sge = 1;
     params_.rc = cfg_.rc;
     params_.signal_interval = cfg_.signal_interval;

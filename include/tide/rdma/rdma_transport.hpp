@@ -64,6 +64,10 @@ struct transport_config {
   bool coalesce = true;                ///< requests contiguous at both ends share WRs
   std::chrono::microseconds wait_spin{200};  ///< wait() polls this long before it sleeps
   plan::rail_health_config rail;       ///< pause and cooldown of failing rails
+  /// Takes the notifications peers send over RDMA (lane 0 of a context;
+  /// `peer_server` = the server part of the peer's NIC path).  Empty: the
+  /// endpoints advertise no receives (context.notify_credits is ignored).
+  std::function<void(const notify_desc&, std::string_view peer_server)> on_notify;
 };
 
 template <class P>
@@ -164,6 +168,14 @@ class rdma_transport {
   [[nodiscard]] status watch_batch(batch_id id, batch_listener* listener) noexcept {
     return batches_->watch(id, listener);
   }
+
+  // ---- RDMA notifications (detail/transport_connect.hpp) ----
+  /// Hands `n` to lane 0 of a context with a connected endpoint to segment
+  /// `target` whose peer advertised notification receives; that lane posts
+  /// it as a SEND and calls n->sent().  False: no such endpoint (the caller
+  /// keeps `n` and sends it over TCP).  Any thread but a lane's; never
+  /// after shutdown() began.
+  [[nodiscard]] bool send_notify_rdma(segment_id target, detail::notify_send* n) noexcept;
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of

@@ -143,8 +143,17 @@ struct handshake_desc {
   /// order as qp_num).  Absent from Mooncake, which fixes every PSN at 0:
   /// then both ends use 0.
   std::optional<std::vector<std::uint32_t>> psn;
+  /// tide's extension (JSON "notify_credits"): the sender of this desc posts
+  /// that many receives on QP 0 for transfer-bound notifications sent as
+  /// RDMA SENDs (rdma/detail/notify_qp.hpp), 1..kMaxNotifyCredits.  Absent
+  /// (Mooncake, or a tide peer with notify_rdma_credits = 0): notifications
+  /// to it go over TCP.
+  std::optional<std::uint32_t> notify_credits;
   friend bool operator==(const handshake_desc&, const handshake_desc&) = default;
 };
+
+/// Most receive credits a handshake may advertise for RDMA notifications.
+inline constexpr std::uint32_t kMaxNotifyCredits = 64;
 
 /// The Notify (type 2) message.
 struct notify_desc {
@@ -199,11 +208,11 @@ struct notify_desc {
 [[nodiscard]] result<segment_desc> decode_segment(std::string_view json);
 [[nodiscard]] result<segment_desc> decode_segment(std::string_view json, const wire::cluster_secret* seal);
 
-/// `ready_ack` and `mtu` are written only when set.
+/// `ready_ack`, `mtu`, `psn` and `notify_credits` are written only when set.
 [[nodiscard]] std::string encode_handshake(const handshake_desc& desc);
 /// Required: local_nic_path, peer_nic_path, local_lid, local_gid, qp_num;
 /// optional: payload, reply_msg, ready_ack, mtu (one of 256, 512, 1024,
-/// 2048, 4096).
+/// 2048, 4096), psn, notify_credits (1..kMaxNotifyCredits).
 [[nodiscard]] result<handshake_desc> decode_handshake(std::string_view json);
 
 [[nodiscard]] std::string encode_notify(const notify_desc& desc);

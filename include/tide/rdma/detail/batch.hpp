@@ -28,6 +28,7 @@
 #include <tide/errc.hpp>
 #include <tide/telemetry.hpp>
 #include <tide/transfer.hpp>
+#include <tide/wire/descriptors.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -69,6 +70,37 @@ struct task_group {
   ~task_group() = default;
 };
 
+struct slice;
+
+/// Owner of a WR in a QP's posted ring that is not part of a transfer (an
+/// RDMA notification or credit SEND, rdma/detail/notify_qp.hpp): its slice
+/// has no task, and retire_wr hands it here instead of to the roll-up.
+/// Called on the lane that owns the QP, once per post.
+struct wr_hook {
+  virtual void wr_done(slice& s, errc e) noexcept = 0;
+
+ protected:
+  ~wr_hook() = default;
+};
+
+/// A notification handed to a lane to go out as a SEND (the engine's outbox
+/// item derives from it; rdma/detail/notify_lane.hpp posts it).  The outbox
+/// thread fills it and hands it over; from then until sent() the lane owns
+/// it; sent() hands it back.
+struct notify_send {
+  notify_send* next_send = nullptr;  ///< the lane's queue and waiting list
+  std::string peer_path;             ///< the endpoint whose QP 0 carries it
+  notify_desc wire_msg;              ///< name and text as the target records them
+  std::int64_t waiting_since_ns = 0;  ///< lane: first time it found no credit
+  /// Lane 0, once: `delivered` = the SEND completed (the target's receive
+  /// buffer holds it); false = it never went out, or its fate is unknown
+  /// (flushed, QP error): the caller sends it over TCP.
+  virtual void sent(bool delivered) noexcept = 0;
+
+ protected:
+  ~notify_send() = default;
+};
+
 /// One work request's worth of a transfer (<= slice_size bytes).
 struct slice {
   slice* next = nullptr;  ///< intrusive link for shard queues and post chains
@@ -99,6 +131,7 @@ struct slice {
   std::uint32_t peer_nic = 0;              ///< rail_table id of the peer NIC
   bool inline_data = false;                ///< small enough for IBV_SEND_INLINE; the lane decides
   bool probe = false;                      ///< the one slice a paused rail lets through
+  wr_hook* hook = nullptr;                 ///< non-null: not a transfer's WR (no task)
 };
 
 struct task_state {

@@ -69,7 +69,11 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   for (std::size_t i = 0; i < t->matrix_.devices().size(); ++i) {
     context_config cc = cfg.context;
     cc.device = t->matrix_.devices()[i];
-    typename context_type::hooks h{send, [self](detail::slice& s, errc e) { self->on_failed(s, e); }};
+    typename context_type::hooks h{send, [self](detail::slice& s, errc e) { self->on_failed(s, e); }, cfg.on_notify};
+    // A receive completion must wake the lane: an idle strategy that sleeps
+    // without watching the CQ (hybrid) would sit on a notification for up to
+    // its sleep, so its endpoints advertise none (the peer uses TCP).
+    if (!cfg.on_notify || !detail::kIdleWaitsOnCq<P>) cc.notify_credits = 0;
     if (hca_numa.count(cc.device) != 0) cc.numa_node = hca_numa[cc.device];  // lanes run on their NIC's node
     auto c = context_type::create(cc, static_cast<std::uint16_t>(i), std::move(h));
     if (!c) return fail(c.error());

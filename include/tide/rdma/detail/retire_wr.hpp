@@ -37,6 +37,10 @@ inline void release_charge(slice& s, bool error) noexcept {
 /// On success the NIC's bandwidth estimate gets a sample and the rail is
 /// healthy again.  Nothing of `s` may be touched afterwards.
 inline void retire_wr(slice& s, errc e) noexcept {
+  if (s.hook != nullptr) [[unlikely]] {
+    s.hook->wr_done(s, e);
+    return;
+  }
   if (e == errc::ok) {
     if (s.charged != nullptr) {
       s.charged->completed(s.length, steady_now_ns());

@@ -42,4 +42,32 @@ handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::str
   }
   return reject("Local RDMA context not found: " + std::string(nic));
 }
+
+template <class P>
+bool rdma_transport<P>::send_notify_rdma(segment_id target, detail::notify_send* n) noexcept {
+  if (stopping_.load(std::memory_order_acquire)) return false;
+  std::shared_ptr<const remote_segment> view;
+  {
+    std::shared_lock lock(seg_mu_);
+    if (target < segments_.size()) view = segments_[target]->view;
+  }
+  if (!view) return false;
+  // Any rail will do: the group is final, so every WR of it was acked and
+  // its bytes are at the target whichever QP carries the message.
+  for (auto& c : contexts_) {
+    if (!c->active()) continue;
+    for (const std::string& path : view->nic_paths) {
+      auto h = c->find_endpoint(path);
+      if (!h || !h->notify_ready()) continue;
+      try {
+        n->peer_path = path;
+      } catch (...) {
+        return false;
+      }
+      return c->lanes().at(0).submit_notify(n);
+    }
+  }
+  return false;
+}
+
 }  // namespace tide::rdma
