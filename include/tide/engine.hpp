@@ -108,10 +108,9 @@ struct engine_config {
   /// credits), advertised in the handshake; 0..64, 0 = off.  Only between
   /// tide peers that both advertise it; Mooncake peers, and tide peers with
   /// 0 (or an idle strategy that does not wake on completions), get
-  /// Mooncake's TCP notify message.  TIDE_NOTIFY_RDMA_CREDITS.  Off by
-  /// default until the whole rxe suite has run green with it on (8 is the
-  /// value the notify suite and bench/notify_latency use).
-  std::uint32_t notify_rdma_credits = 0;
+  /// Mooncake's TCP notify message.  TIDE_NOTIFY_RDMA_CREDITS.  Each
+  /// receive is a 4 KiB + header buffer per endpoint (R + 2 of them).
+  std::uint32_t notify_rdma_credits = 8;
   std::string custom_topology_json;        ///< priority matrix override
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;

@@ -71,7 +71,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> sides() {
 tide::engine_config config(const std::vector<std::string>& devices) {
   auto c = tide::test::config_for(devices);
   c.max_retry = 1;  // a buffer gone at the peer fails soon
-  c.notify_rdma_credits = 8;  // the RDMA path (off by default); cases that test TCP set 0
+  c.notify_rdma_credits = 8;  // the RDMA path (the default, kept explicit); cases that test TCP set 0
   return c;
 }
 

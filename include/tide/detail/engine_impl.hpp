@@ -446,6 +446,7 @@ status transfer_engine<P>::submit_notified(batch_id b, std::span<const transfer_
   if (!segment) return fail(segment.error().code, "submit: " + segment.error().detail);
   auto item = impl_->outbox->make(std::move(*segment), notify_desc{n.name.empty() ? name_ : n.name, n.message},
                                   requests.size(), target);
+  if (impl_->outbox->rdma_on()) item->sink = transport_->notify_lane_for(target, item.get());
   if (auto st = transport_->submit(b, requests, item.get()); !st) {
     impl_->outbox->discard(std::move(item));
     return st;

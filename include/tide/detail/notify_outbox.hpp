@@ -16,15 +16,17 @@
 // handshake timeouts (the send function's).
 //
 // RDMA (between tide peers that both advertised it, rdma/detail/notify_qp.hpp):
-// with an rdma function set, the outbox thread first offers a ready item to
-// the transport, which hands it to the lane that owns QP 0 of an endpoint to
-// the target; the lane owns it until notify_send::sent(), which queues it
+// when an endpoint to the target is connected at submit, the item carries
+// the lane that owns its QP 0 (notify_send::sink) and the thread that
+// retires the last task hands it there directly; otherwise, with an rdma
+// function set, the outbox thread offers the ready item to the transport,
+// which picks such a lane then.  The lane owns it until notify_send::sent(), which queues it
 // here again: delivered -> counted (sent_rdma), else (no credit in time, QP
 // error, teardown) it goes over TCP as before (rdma_fallbacks).  A SEND whose
 // QP failed after the target took it but before its ack came back is sent
 // again over TCP: the one case where the target may see a notification twice.
 //
-// Thread safety: make() and stats() any thread; done() the retiring lane;
+// Thread safety: make(), rdma_on() and stats() any thread; done() the retiring lane;
 // sent() lane 0 of a context; set_rdma()/disable_rdma() the owner (the rdma
 // function runs under rdma_mu_, so once disable_rdma() returns it never runs
 // again); stop() once, by the owner, after no task can turn final any more
@@ -88,7 +90,13 @@ class notify_outbox {
     item* next = nullptr;
     bool all_completed = false;
     stage at = stage::fresh;  ///< written by whoever holds the item, read by the outbox thread after the queue's mutex
-    void done(bool ok) noexcept override { owner->ready(this, ok); }
+    void done(bool ok) noexcept override {
+      // The lane picked at submit takes it straight from the retiring
+      // thread: one thread hop less before the SEND (the latency).
+      all_completed = ok;
+      if (ok && sink != nullptr && sink->take_notify(this)) return;
+      owner->requeue(this);
+    }
     void sent(bool delivered) noexcept override {
       at = delivered ? stage::rdma_delivered : stage::rdma_returned;
       owner->requeue(this);
@@ -127,12 +135,16 @@ class notify_outbox {
   void set_rdma(rdma_fn f) {
     std::lock_guard lock(rdma_mu_);
     rdma_ = std::move(f);
+    rdma_on_.store(static_cast<bool>(rdma_), std::memory_order_release);
   }
+  /// Whether the RDMA path is on (set_rdma and not disabled).  Any thread.
+  [[nodiscard]] bool rdma_on() const noexcept { return rdma_on_.load(std::memory_order_acquire); }
   /// Turns it off for good: after return the rdma function is not running
   /// and never runs again (the owner, before the transport shuts down).
   void disable_rdma() noexcept {
     std::lock_guard lock(rdma_mu_);
     rdma_ = nullptr;
+    rdma_on_.store(false, std::memory_order_release);
   }
 
   /// Sends what is queued and joins the thread.  Call after every task that
@@ -162,12 +174,6 @@ class notify_outbox {
   }
 
  private:
-  // The last task of the item's submit turned final (the retiring lane).
-  void ready(item* it, bool ok) noexcept {
-    it->all_completed = ok;
-    requeue(it);
-  }
-
   // Into the queue: ready, or back from a lane.  Any thread; no allocation.
   void requeue(item* it) noexcept {
     {
@@ -241,6 +247,7 @@ class notify_outbox {
   send_fn send_;
   std::mutex rdma_mu_;  ///< held while rdma_ runs (disable_rdma waits for it)
   rdma_fn rdma_;        ///< under rdma_mu_; empty: TCP only
+  std::atomic<bool> rdma_on_{false};  ///< rdma_ is set (read without the mutex by submits)
   std::mutex mu_;
   std::condition_variable cv_;
   item* head_ = nullptr;  ///< under mu_: ready items, oldest first

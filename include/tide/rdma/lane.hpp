@@ -15,7 +15,7 @@
 ///  - memory the lane allocates (posted rings, group vector) is first
 ///    touched by the lane thread, which runs on its NIC's NUMA node.
 ///  - RDMA notifications (lane 0 only: QP 0 carries them): notify_port,
-///    detail/notify_lane.hpp; submit_notify() from the outbox thread.
+///    detail/notify_lane.hpp; take_notify() from any thread.
 ///
 /// Credits: the lane posts on a QP only while the QP's send queue has room
 /// and its CQ has a free entry per WR.  Every WR counts against the CQ, not
@@ -85,7 +85,7 @@ struct lane_message {
 };
 
 template <class P>
-class lane {
+class lane final : public detail::notify_sink {
  public:
   using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
   static constexpr int kPollBatch = 64;  ///< completions per ibv_poll_cq
@@ -174,10 +174,10 @@ class lane {
   /// Hands a notification to this lane (lane 0 of a context) to go out as
   /// a SEND on QP 0 of the endpoint to n->peer_path; it comes back through
   /// n->sent().  False once the lane has stopped (the caller keeps it).
-  /// The outbox thread; the engine stops calling before the lanes stop.
-  [[nodiscard]] bool submit_notify(detail::notify_send* n) noexcept {
-    if (closed_.load(std::memory_order_acquire)) return false;
-    notify_.submit(n);
+  /// Any thread (the outbox's, or a lane retiring the notification's last
+  /// task); lock-free.
+  [[nodiscard]] bool take_notify(detail::notify_send* n) noexcept override {
+    if (closed_.load(std::memory_order_acquire) || !notify_.submit(n)) return false;
     idle_->wake();
     return true;
   }

@@ -176,6 +176,11 @@ class rdma_transport {
   /// keeps `n` and sends it over TCP).  Any thread but a lane's; never
   /// after shutdown() began.
   [[nodiscard]] bool send_notify_rdma(segment_id target, detail::notify_send* n) noexcept;
+  /// The lane send_notify_rdma would hand `n` to now (and n->peer_path set
+  /// to that endpoint), or null.  At submit: the thread that retires the
+  /// notification's last task then hands it to this lane itself, without a
+  /// hop through the outbox thread.  Any thread but a lane's.
+  [[nodiscard]] detail::notify_sink* notify_lane_for(segment_id target, detail::notify_send* n) noexcept;
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of

@@ -59,7 +59,8 @@ struct batch_state;
 /// with whether every member ended COMPLETED.  done() runs once, on the
 /// thread that retired the last member (a lane, or the submitting thread
 /// for a slice that never reached a NIC), before that batch's waiters wake;
-/// it must not block, throw or call into the transport.  The group must
+/// it must not block, throw or call into the transport (a lane's lock-free
+/// notify_sink is the one thing it may hand work to).  The group must
 /// outlive its members' retirement; whoever done() hands it to owns it then.
 struct task_group {
   std::atomic<std::size_t> left{0};     ///< members not final yet; the submitter sets it first
@@ -83,15 +84,33 @@ struct wr_hook {
   ~wr_hook() = default;
 };
 
+struct notify_send;
+
+/// Where a notification goes to become a SEND: lane 0 of a context
+/// (rdma/lane.hpp).  take_notify is a lock-free push and a wake, so the
+/// thread that retires a notification's last task may call it; false once
+/// the lane has stopped (the caller keeps the notification).  The lane
+/// outlives every task that can still turn final (the transport stops its
+/// lanes last).
+struct notify_sink {
+  [[nodiscard]] virtual bool take_notify(notify_send* n) noexcept = 0;
+
+ protected:
+  ~notify_sink() = default;
+};
+
 /// A notification handed to a lane to go out as a SEND (the engine's outbox
-/// item derives from it; rdma/detail/notify_lane.hpp posts it).  The outbox
-/// thread fills it and hands it over; from then until sent() the lane owns
-/// it; sent() hands it back.
+/// item derives from it; rdma/detail/notify_lane.hpp posts it).  The
+/// submitting thread fills it; the thread that retires its last task hands
+/// it to `sink` (picked at submit when an endpoint to the target was
+/// connected then), or else the outbox thread picks a lane; from then until
+/// sent() the lane owns it; sent() hands it back.
 struct notify_send {
   notify_send* next_send = nullptr;  ///< the lane's queue and waiting list
   std::string peer_path;             ///< the endpoint whose QP 0 carries it
   notify_desc wire_msg;              ///< name and text as the target records them
   std::int64_t waiting_since_ns = 0;  ///< lane: first time it found no credit
+  notify_sink* sink = nullptr;       ///< set at submit (null: the outbox thread picks one)
   /// Lane 0, once: `delivered` = the SEND completed (the target's receive
   /// buffer holds it); false = it never went out, or its fate is unknown
   /// (flushed, QP error): the caller sends it over TCP.

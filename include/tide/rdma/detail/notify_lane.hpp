@@ -8,8 +8,8 @@
 ///
 /// Ownership and threads: the lane owns its port; only lane 0's port is
 /// used (QP 0 of every endpoint is lane 0's).  submit() runs on the outbox
-/// thread (a lock-free push; the lane wakes); everything else on the lane's
-/// thread.  A notification in the queue or the waiting list is the lane's
+/// thread or on the thread that retired a notification's last task (a
+/// lock-free push; the lane wakes); everything else on the lane's thread.  A notification in the queue or the waiting list is the lane's
 /// until notify_send::sent() hands it back; an endpoint in `listed_` is
 /// held by its posted receives (endpoint::release_recv), so a raw pointer is
 /// safe until its last receive completes or the lane gives the holds up.
@@ -55,13 +55,16 @@ class notify_port {
     std::vector<handle>& posted;   ///< endpoints with WRs in the lane's rings
   };
 
-  /// Queues `n` for the lane.  Outbox thread; lock-free (one CAS).
-  void submit(notify_send* n) noexcept {
+  /// Queues `n` for the lane; false once stop() closed the queue (the
+  /// caller keeps `n`).  Any thread; lock-free (one CAS).
+  [[nodiscard]] bool submit(notify_send* n) noexcept {
     notify_send* head = queue_.load(std::memory_order_relaxed);
     do {
+      if (head == closed_mark()) return false;
       n->next_send = head;
       // release: the lane's acquire exchange sees the notification's fields.
     } while (!queue_.compare_exchange_weak(head, n, std::memory_order_release, std::memory_order_relaxed));
+    return true;
   }
 
   /// Receives posted on this lane's CQ (they take CQ entries too).
@@ -73,7 +76,7 @@ class notify_port {
   /// back what waited too long, sends owed credits.  True when it did work.
   bool pass(lane_view v) noexcept {
     bool did = false;
-    if (queue_.load(std::memory_order_relaxed) != nullptr) {
+    if (notify_send* q = queue_.load(std::memory_order_relaxed); q != nullptr && q != closed_mark()) {
       // The stack is newest first: reversed, the waiting list keeps the
       // order the outbox handed them over in.
       notify_send* n = queue_.exchange(nullptr, std::memory_order_acquire);
@@ -202,7 +205,10 @@ class notify_port {
   /// The lane stops: notifications not posted go back (TCP), receives not
   /// completed after the lane's drain give their holds up.
   void stop() noexcept {
-    notify_send* n = queue_.exchange(nullptr, std::memory_order_acquire);
+    // Closed for good: a retiring task that pushes later gets false and
+    // sends its notification over TCP instead of leaving it here.
+    notify_send* n = queue_.exchange(closed_mark(), std::memory_order_acquire);
+    if (n == closed_mark()) n = nullptr;
     while (n != nullptr) {
       notify_send* next = n->next_send;
       n->sent(false);
@@ -342,7 +348,13 @@ class notify_port {
     return did;
   }
 
-  std::atomic<notify_send*> queue_{nullptr};   ///< outbox thread -> lane
+  // The queue's value once stop() ran; compared, never dereferenced.
+  static notify_send* closed_mark() noexcept {
+    static char mark;
+    return reinterpret_cast<notify_send*>(&mark);
+  }
+
+  std::atomic<notify_send*> queue_{nullptr};   ///< any thread -> lane (a Treiber stack)
   notify_send* wait_head_ = nullptr;           ///< lane: taken, not posted yet (FIFO)
   notify_send* wait_tail_ = nullptr;
   std::vector<endpoint*> listed_;              ///< lane: endpoints with receives posted on QP 0

@@ -44,16 +44,17 @@ handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::str
 }
 
 template <class P>
-bool rdma_transport<P>::send_notify_rdma(segment_id target, detail::notify_send* n) noexcept {
-  if (stopping_.load(std::memory_order_acquire)) return false;
+detail::notify_sink* rdma_transport<P>::notify_lane_for(segment_id target, detail::notify_send* n) noexcept {
+  if (stopping_.load(std::memory_order_acquire)) return nullptr;
   std::shared_ptr<const remote_segment> view;
   {
     std::shared_lock lock(seg_mu_);
     if (target < segments_.size()) view = segments_[target]->view;
   }
-  if (!view) return false;
-  // Any rail will do: the group is final, so every WR of it was acked and
-  // its bytes are at the target whichever QP carries the message.
+  if (!view) return nullptr;
+  // Any rail will do: the group is final by the time it goes out, so every
+  // WR of it was acked and its bytes are at the target whichever QP
+  // carries the message.
   for (auto& c : contexts_) {
     if (!c->active()) continue;
     for (const std::string& path : view->nic_paths) {
@@ -62,12 +63,18 @@ bool rdma_transport<P>::send_notify_rdma(segment_id target, detail::notify_send*
       try {
         n->peer_path = path;
       } catch (...) {
-        return false;
+        return nullptr;
       }
-      return c->lanes().at(0).submit_notify(n);
+      return &c->lanes().at(0);
     }
   }
-  return false;
+  return nullptr;
+}
+
+template <class P>
+bool rdma_transport<P>::send_notify_rdma(segment_id target, detail::notify_send* n) noexcept {
+  detail::notify_sink* lane = notify_lane_for(target, n);
+  return lane != nullptr && lane->take_notify(n);
 }
 
 }  // namespace tide::rdma
