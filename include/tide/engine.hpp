@@ -380,8 +380,11 @@ class transfer_engine {
   /// something else), invalid_argument (the name is no "host[:port]"; no
   /// port means Mooncake's default, 12001).
   [[nodiscard]] status probe(std::string_view segment, std::chrono::milliseconds timeout);
-  /// The notifications received so far (and forgets them).
-  [[nodiscard]] std::vector<notify_desc> take_notifies();
+  /// The notifications received so far (and forgets them).  With `wait`
+  /// and none queued, sleeps until one arrives or `wait` passes (an event
+  /// loop's blocking read; polling with 0 costs a thread a core).  Any
+  /// thread; not while the engine is being destroyed.
+  [[nodiscard]] std::vector<notify_desc> take_notifies(std::chrono::milliseconds wait = std::chrono::milliseconds{0});
   /// The inbox's counters (what was refused, by which bound).
   [[nodiscard]] notify_stats notification_stats() const;
   /// The counters of notifications sent with submits (sent, dropped because

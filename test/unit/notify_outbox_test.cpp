@@ -4,6 +4,7 @@
 // counted; stop() delivers what is queued.  Tasks are retired with the
 // transport's own retire_slice, from several threads (run under TSan by
 // tools/sanitize).
+#include <tide/detail/notify_inbox.hpp>
 #include <tide/detail/notify_outbox.hpp>
 #include <tide/rdma/detail/batch.hpp>
 
@@ -183,4 +184,32 @@ TEST_CASE("notify_outbox: tasks retired from many threads; every notification ex
   std::vector<int> times(kSubmits, 0);
   for (const auto& [seg, n] : w.sent) ++times[std::stoul(n.notify_msg)];
   for (std::size_t k = 0; k < kSubmits; ++k) CHECK_MESSAGE(times[k] == 1, "notification " << k);
+}
+
+TEST_CASE("notify_inbox::take with a wait: a push wakes it early, an empty inbox times out, 0 never sleeps") {
+  using namespace std::chrono;
+  detail::notify_inbox inbox;
+  auto t0 = steady_clock::now();
+  CHECK(inbox.take().empty());
+  CHECK(steady_clock::now() - t0 < milliseconds(50));
+  t0 = steady_clock::now();
+  CHECK(inbox.take(milliseconds(100)).empty());
+  CHECK(steady_clock::now() - t0 >= milliseconds(100));
+  // A waiter sleeping in take() gets the message another thread pushes.
+  std::thread pusher([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    CHECK(inbox.push(notify_desc{"a", "kv 1"}, "a"));
+  });
+  t0 = steady_clock::now();
+  auto got = inbox.take(seconds(10));
+  const auto waited = steady_clock::now() - t0;
+  pusher.join();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].notify_msg == "kv 1");
+  CHECK(waited < seconds(5));
+  // Queued before the call: returned at once.
+  CHECK(inbox.push(notify_desc{"a", "kv 2"}, "a"));
+  t0 = steady_clock::now();
+  CHECK(inbox.take(seconds(10)).size() == 1);
+  CHECK(steady_clock::now() - t0 < seconds(1));
 }

@@ -475,8 +475,8 @@ status transfer_engine<P>::probe(std::string_view segment, std::chrono::millisec
 }
 
 template <class P>
-std::vector<notify_desc> transfer_engine<P>::take_notifies() {
-  return impl_->inbox.take();
+std::vector<notify_desc> transfer_engine<P>::take_notifies(std::chrono::milliseconds wait) {
+  return impl_->inbox.take(wait);
 }
 
 template <class P>

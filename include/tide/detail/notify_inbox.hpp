@@ -12,12 +12,14 @@
 // the count and byte bounds still hold).
 //
 // Thread safety: every member takes the one mutex; push runs on handshake
-// handler threads, take and stats on user threads.
+// handler threads and on lane 0 of a context (RDMA notifications), take and
+// stats on user threads.
 
 #include <tide/wire/descriptors.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -76,11 +78,18 @@ class notify_inbox {
     q_.push_back(n);
     bytes_ += size;
     ++stats_.accepted;
+    if (waiters_ != 0) arrived_.notify_all();
     return true;
   }
 
-  std::vector<notify_desc> take() {
-    std::lock_guard lock(mu_);
+  /// Everything queued; when nothing is, waits up to `wait` for a message.
+  std::vector<notify_desc> take(std::chrono::milliseconds wait = std::chrono::milliseconds{0}) {
+    std::unique_lock lock(mu_);
+    if (q_.empty() && wait.count() > 0) {
+      ++waiters_;
+      arrived_.wait_for(lock, wait, [&] { return !q_.empty(); });
+      --waiters_;
+    }
     std::vector<notify_desc> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
     q_.clear();
     bytes_ = 0;
@@ -119,6 +128,8 @@ class notify_inbox {
 
   notify_limits limits_;
   mutable std::mutex mu_;
+  std::condition_variable arrived_;  ///< take() with a wait sleeps on it
+  std::size_t waiters_ = 0;          ///< such take() calls (a push notifies only then)
   std::deque<notify_desc> q_;
   std::size_t bytes_ = 0;
   std::unordered_map<std::string, bucket> senders_;
