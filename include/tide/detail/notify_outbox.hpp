@@ -20,8 +20,8 @@
 // the lane that owns its QP 0 (notify_send::sink) and the thread that
 // retires the last task hands it there directly; otherwise, with an rdma
 // function set, the outbox thread offers the ready item to the transport,
-// which picks such a lane then.  The lane owns it until notify_send::sent(), which queues it
-// here again: delivered -> counted (sent_rdma), else (no credit in time, QP
+// which picks such a lane then.  The lane owns it until notify_send::sent(),
+// which queues it here again: delivered -> counted (sent_rdma), else (no credit in time, QP
 // error, teardown) it goes over TCP as before (rdma_fallbacks).  A SEND whose
 // QP failed after the target took it but before its ack came back is sent
 // again over TCP: the one case where the target may see a notification twice.

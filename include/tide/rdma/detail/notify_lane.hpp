@@ -9,7 +9,8 @@
 /// Ownership and threads: the lane owns its port; only lane 0's port is
 /// used (QP 0 of every endpoint is lane 0's).  submit() runs on the outbox
 /// thread or on the thread that retired a notification's last task (a
-/// lock-free push; the lane wakes); everything else on the lane's thread.  A notification in the queue or the waiting list is the lane's
+/// lock-free push; the lane wakes); everything else on the lane's thread.
+/// A notification in the queue or the waiting list is the lane's
 /// until notify_send::sent() hands it back; an endpoint in `listed_` is
 /// held by its posted receives (endpoint::release_recv), so a raw pointer is
 /// safe until its last receive completes or the lane gives the holds up.
