@@ -9,8 +9,8 @@
 
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include "support/loopback_http.hpp"
+
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,29 +26,12 @@ using namespace tide;
 
 namespace {
 
-int connect_loopback(std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-  return fd;
-}
+using tide::test::connect_loopback;
 
 // GET /metrics; the body, or "" when the answer was not a 200.
 std::string scrape(std::uint16_t port) {
-  const int fd = connect_loopback(port);
-  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
-    ::close(fd);
-    return {};
-  }
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
+  const std::string out =
+      tide::test::http_exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   if (out.rfind("HTTP/1.1 200", 0) != 0) return {};
   const auto body = out.find("\r\n\r\n");
   return body == std::string::npos ? std::string() : out.substr(body + 4);

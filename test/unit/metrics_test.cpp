@@ -7,10 +7,7 @@
 
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "support/loopback_http.hpp"
 
 #include <cstdlib>
 #include <map>
@@ -403,29 +400,7 @@ TEST_CASE("metrics::format: a disabled local NIC reads local_nic_down on its rai
   CHECK(find(p, "tide_rail_state", {{"state", "healthy"}})->value == 0);
 }
 
-namespace {
-// One HTTP exchange with 127.0.0.1:port; the whole answer.
-std::string http_get(std::uint16_t port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-  std::size_t off = 0;
-  while (off < request.size()) {
-    const ssize_t n = ::send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) break;  // the server may close early on an oversized request
-    off += static_cast<std::size_t>(n);
-  }
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
-  return out;
-}
-}  // namespace
+using tide::test::http_exchange;
 
 TEST_CASE("metrics::http_server: GET /metrics, 404 elsewhere, 405 for POST, oversized requests refused") {
   int calls = 0;
@@ -436,18 +411,18 @@ TEST_CASE("metrics::http_server: GET /metrics, 404 elsewhere, 405 for POST, over
   REQUIRE(s);
   const std::uint16_t port = (*s)->port();
   REQUIRE(port != 0);
-  const std::string ok = http_get(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string ok = http_exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK(ok.rfind("HTTP/1.1 200", 0) == 0);
   CHECK(ok.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
   CHECK(ok.find("\r\n\r\ntide_x_total 1\n") != std::string::npos);
-  CHECK(http_get(port, "GET /metrics?x=1 HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 200", 0) == 0);
-  CHECK(http_get(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 404", 0) == 0);
-  CHECK(http_get(port, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").rfind("HTTP/1.1 405", 0) == 0);
+  CHECK(http_exchange(port, "GET /metrics?x=1 HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 200", 0) == 0);
+  CHECK(http_exchange(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 404", 0) == 0);
+  CHECK(http_exchange(port, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").rfind("HTTP/1.1 405", 0) == 0);
   const std::string huge = "GET /metrics HTTP/1.1\r\nX: " + std::string(20000, 'a') + "\r\n\r\n";
-  CHECK(http_get(port, huge).find("200") == std::string::npos);
+  CHECK(http_exchange(port, huge).find("200") == std::string::npos);
   CHECK(calls == 2);
   // Still serving after the bad ones.
-  CHECK(http_get(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(http_exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 200", 0) == 0);
   // A bad bind address is named; a taken port is already_exists.
   auto bad = metrics::http_server::start("localhost-ish", 0, [] { return std::string(); });
   REQUIRE_FALSE(bad);
