@@ -285,8 +285,21 @@ class py_engine {
   void send_notify(segment_id target, const std::string& msg, const std::string& sender) {
     unwrap(call([&](engine_iface& e) { return e.send_notify(target, msg, sender); }));
   }
-  std::vector<std::pair<std::string, std::string>> take_notifies() {
-    auto v = call([](engine_iface& e) { return e.take_notifies(); });
+  /// With `wait_s` > 0 and nothing queued, sleeps (without the GIL) until a
+  /// notification arrives or `wait_s` passes; Ctrl-C and close() end the
+  /// wait within 100 ms (the engine is held one slice at a time).
+  std::vector<std::pair<std::string, std::string>> take_notifies(double wait_s) {
+    if (!(wait_s >= 0)) throw pyb::value_error("take_notifies: wait must be >= 0 s, got " + std::to_string(wait_s));
+    const auto deadline =
+        steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(std::min(wait_s, 1e9)));
+    std::vector<notify_desc> v;
+    for (;;) {
+      const auto left =
+          std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0), milliseconds(100));
+      v = call([&](engine_iface& e) { return e.take_notifies(left); });
+      if (!v.empty() || steady_clock::now() >= deadline) break;
+      if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
+    }
     std::vector<std::pair<std::string, std::string>> out;
     out.reserve(v.size());
     for (auto& n : v) out.emplace_back(std::move(n.name), std::move(n.notify_msg));
@@ -510,7 +523,7 @@ void init_engine(pyb::module_& m) {
       .def("metrics_text", &py_engine::metrics_text, "The Prometheus text exposition of the engine's counters.")
       .def("watch", &py_engine::watch, pyb::arg("batch"), pyb::arg("queue").none(true))
       .def("send_notify", &py_engine::send_notify, pyb::arg("segment"), pyb::arg("message"), pyb::arg("sender") = "")
-      .def("take_notifies", &py_engine::take_notifies)
+      .def("take_notifies", &py_engine::take_notifies, pyb::arg("wait") = 0.0)
       .def("probe", &py_engine::probe, pyb::arg("segment_name"), pyb::arg("timeout"))
       .def("stats", &py_engine::stats);
 }

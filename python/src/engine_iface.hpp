@@ -42,7 +42,7 @@ class engine_iface {
   [[nodiscard]] virtual status cancel(batch_id b) noexcept = 0;
   [[nodiscard]] virtual status watch_batch(batch_id b, batch_listener* listener) noexcept = 0;
   [[nodiscard]] virtual status send_notify(segment_id target, std::string_view msg, std::string_view sender) = 0;
-  [[nodiscard]] virtual std::vector<notify_desc> take_notifies() = 0;
+  [[nodiscard]] virtual std::vector<notify_desc> take_notifies(std::chrono::milliseconds wait) = 0;
   [[nodiscard]] virtual status probe(std::string_view segment, std::chrono::milliseconds timeout) = 0;
   [[nodiscard]] virtual engine_stats stats() const = 0;
   [[nodiscard]] virtual notify_stats notification_stats() const = 0;
@@ -92,7 +92,7 @@ class engine_model final : public engine_iface {
   status send_notify(segment_id target, std::string_view msg, std::string_view sender) override {
     return e_->send_notify(target, msg, sender);
   }
-  std::vector<notify_desc> take_notifies() override { return e_->take_notifies(); }
+  std::vector<notify_desc> take_notifies(std::chrono::milliseconds wait) override { return e_->take_notifies(wait); }
   status probe(std::string_view segment, std::chrono::milliseconds timeout) override {
     return e_->probe(segment, timeout);
   }

@@ -7,6 +7,7 @@ import asyncio
 import mmap
 import shutil
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -130,6 +131,23 @@ def test_probe_and_notify(engine, target):
     engine.notify(seg, "hello")
     got = target.ask(cmd="notifies")["notifies"]
     assert got == [[engine.segment_name, "hello"]]
+
+
+def test_notifications_wait_blocks_until_one_arrives(engine, devices):
+    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[1]]) as receiver:
+        with pytest.raises(ValueError, match="wait must be >= 0"):
+            receiver.notifications(wait=-1)
+        t0 = time.monotonic()
+        assert receiver.notifications(wait=0.3) == []
+        assert time.monotonic() - t0 >= 0.3
+        seg = engine.open(receiver.segment_name)
+        sender = threading.Timer(0.3, engine.notify, (seg, "late"))  # runs while the wait holds no GIL
+        sender.start()
+        t0 = time.monotonic()
+        got = receiver.notifications(wait=30)
+        sender.join()
+        assert got == [(engine.segment_name, "late")]
+        assert time.monotonic() - t0 < 20  # the arrival ended the wait, not its 30 s
 
 
 def test_notification_follows_the_data_and_never_a_failure(engine, target, devices):

@@ -472,9 +472,12 @@ class Engine:
         (its handshake port); submit(..., notify=) sends one after the data."""
         self._core().send_notify(segment.handle, message)
 
-    def notifications(self) -> List[tuple]:
-        """The (sender, message) pairs received so far (and forgets them)."""
-        return self._core().take_notifies()
+    def notifications(self, wait: float = 0.0) -> List[tuple]:
+        """The (sender, message) pairs received so far (and forgets them).
+        With ``wait`` (seconds) and none queued, blocks without the GIL until
+        one arrives or ``wait`` passes; 0 never blocks.  ``ValueError`` for a
+        negative ``wait``."""
+        return self._core().take_notifies(wait)
 
     def metrics(self) -> str:
         """The engine's counters in Prometheus' text format (what the
