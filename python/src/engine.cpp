@@ -36,6 +36,20 @@ struct core {
   ~core() { engine.reset(); }
 };
 
+/// Waits from Python run in slices of at most this, with a signal check
+/// (Ctrl-C) between them.
+constexpr milliseconds kWaitSlice{100};
+
+/// The time `seconds` from now (0 .. 1e9 s).
+steady_clock::time_point deadline_in(double seconds) {
+  return steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(std::clamp(seconds, 0.0, 1e9)));
+}
+
+/// The next slice of a wait until `deadline`: 0 .. kWaitSlice.
+milliseconds next_slice(steady_clock::time_point deadline) {
+  return std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0), kWaitSlice);
+}
+
 void* as_pointer(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }  // NOLINT(performance-no-int-to-ptr)
 
 pyb::tuple status_tuple(const engine_iface& e, const transfer_status& s) {
@@ -170,8 +184,7 @@ class py_engine {
                       const std::optional<note_tuple>& notify) {
     std::vector<transfer_request> reqs = to_requests(requests);
     std::shared_ptr<core> c = live();
-    const auto deadline = steady_clock::now() + duration_cast<steady_clock::duration>(
-                                                    duration<double>(std::clamp(timeout_s, 0.0, 1e9)));
+    const auto deadline = deadline_in(timeout_s);
     transfer_status s;
     std::string device;
     bool timed_out = false, interrupted = false;
@@ -183,9 +196,7 @@ class py_engine {
       if (!b) failure = std::move(b.error());
       else if (auto r = submit_to(e, *b, reqs, notify); !r) failure = std::move(r.error());
       while (b && failure.code == errc::ok) {
-        const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0),
-                                     milliseconds(100));
-        auto r = e.wait(*b, left);
+        auto r = e.wait(*b, next_slice(deadline));
         if (r) break;
         if (r.error().code != errc::timed_out) {
           failure = std::move(r.error());
@@ -224,12 +235,9 @@ class py_engine {
   /// Ctrl-C interrupts a long wait.  A negative timeout waits for ever.
   void wait(batch_id b, double timeout_s) {
     const bool forever = timeout_s < 0;
-    const auto deadline = steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(
-                                                    forever ? 0.0 : std::min(timeout_s, 1e9)));
+    const auto deadline = deadline_in(forever ? 0.0 : timeout_s);
     for (;;) {
-      const auto left = forever ? milliseconds(100)
-                                : std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()),
-                                             milliseconds(0), milliseconds(100));
+      const auto left = forever ? kWaitSlice : next_slice(deadline);
       auto r = call([&](engine_iface& e) { return e.wait(b, left); });
       if (r) return;
       if (r.error().code != errc::timed_out) raise(std::move(r.error()));
@@ -290,13 +298,10 @@ class py_engine {
   /// wait within 100 ms (the engine is held one slice at a time).
   std::vector<std::pair<std::string, std::string>> take_notifies(double wait_s) {
     if (!(wait_s >= 0)) throw pyb::value_error("take_notifies: wait must be >= 0 s, got " + std::to_string(wait_s));
-    const auto deadline =
-        steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(std::min(wait_s, 1e9)));
+    const auto deadline = deadline_in(wait_s);
     std::vector<notify_desc> v;
     for (;;) {
-      const auto left =
-          std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0), milliseconds(100));
-      v = call([&](engine_iface& e) { return e.take_notifies(left); });
+      v = call([&](engine_iface& e) { return e.take_notifies(next_slice(deadline)); });
       if (!v.empty() || steady_clock::now() >= deadline) break;
       if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
     }
@@ -403,7 +408,7 @@ class py_engine {
   /// (bounded by the QPs' retry timeout).  Without the GIL.
   static void drain(engine_iface& e, batch_id b) {
     (void)e.cancel(b);
-    while (!e.wait(b, milliseconds(100))) {
+    while (!e.wait(b, kWaitSlice)) {
       if (auto st = e.batch_status(b); !st) return;  // not a live batch (nothing submitted)
     }
   }
