@@ -56,8 +56,12 @@ result<std::unique_ptr<endpoint>> endpoint::create(const endpoint_params& params
   std::unique_ptr<endpoint> ep(new endpoint(params, std::move(peer_nic_path)));
   ep->cqs_.assign(cqs.begin(), cqs.end());
   ep->qps_.reserve(params.num_qp);
+  // One send queue slot more than the lanes fill: the drain marker's
+  // (post_drain_marker), which must find room behind a full queue.
+  verbs::qp_caps caps = params.caps;
+  caps.max_send_wr += 1;
   for (std::uint32_t i = 0; i < params.num_qp; ++i) {
-    auto qp = verbs::queue_pair::create(*params.pd, *cqs[i], *cqs[i], params.caps);
+    auto qp = verbs::queue_pair::create(*params.pd, *cqs[i], *cqs[i], caps);
     if (!qp) return fail(qp.error());
     ep->qp_nums_.push_back(qp->qp_num());
     ep->local_psn_.push_back(random_psn());
@@ -175,7 +179,7 @@ errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept 
   s.ep = this;
   s.qp = 0;
   s.next = nullptr;
-  l.ring.reserve(params_.caps.max_send_wr);
+  l.ring.reserve(params_.caps.max_send_wr + 1);
   l.ring.push(&s);
   outstanding_.fetch_add(1, std::memory_order_relaxed);
   const errc e = qps_[0].post_send(&wr);
@@ -200,6 +204,8 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   l.rts = false;
   l.errored = false;
   l.left_reset = false;
+  // A marker still in the ring is the same slice: never push it twice.
+  l.drain_posted = l.drain_posted && in_ring(i, &l.drain);
   if (auto s = qp.to_init(params_.port); !s) return s;
   l.left_reset = true;
   if (i == 0 && notify_.enabled()) {
@@ -230,6 +236,43 @@ void endpoint::lane_error(std::uint32_t i) noexcept {
   l.rts = false;
   if (!l.left_reset) return;  // never connected: nothing to flush
   if (auto r = qps_[i].to_error(); !r) TIDE_LOG_WARN("endpoint " << peer_nic_path_ << ": " << r.error().message());
+}
+
+namespace {
+// The drain marker's owner: its completion retires the ring in front of it,
+// and the marker itself carries no transfer.
+struct drain_marker_hook final : detail::wr_hook {
+  void wr_done(detail::slice&, errc) noexcept override {}
+};
+drain_marker_hook g_drain_hook;
+}  // namespace
+
+drain_post endpoint::post_drain_marker(std::uint32_t i) noexcept {
+  lane_qp& l = lanes_[i];
+  if (!l.errored || !l.left_reset || l.drain_posted || l.ring.empty()) return drain_post::not_needed;
+  detail::slice& s = l.drain;
+  s = detail::slice{};
+  s.hook = &g_drain_hook;
+  s.ep = this;
+  s.qp = static_cast<std::uint8_t>(i);
+  // A zero-length WRITE needs no memory key at either end; in ERR it
+  // flushes, and if the QP could not leave RTS it completes, which says
+  // that everything before it did too (RC completes in order).
+  ibv_send_wr wr{};
+  wr.wr_id = reinterpret_cast<std::uint64_t>(&s);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.num_sge = 0;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  l.ring.reserve(params_.caps.max_send_wr + 1);
+  l.ring.push(&s);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  if (qps_[i].post_send(&wr) != errc::ok) [[unlikely]] {
+    l.ring.unpush(1);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    return drain_post::retry;
+  }
+  l.drain_posted = true;
+  return drain_post::posted;
 }
 
 status endpoint::check_request(const handshake_desc& req, std::uint32_t num_qp) {
@@ -272,7 +315,7 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
   if (!l.rts || state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
     return errc::endpoint_closed;
   const std::uint32_t depth = params_.caps.max_send_wr;
-  l.ring.reserve(depth);
+  l.ring.reserve(depth + 1);  // + the drain marker's slot
   const std::uint32_t sq_free = depth - std::min(depth, l.ring.size());
   const std::size_t n = std::min<std::size_t>({kMaxChain, sq_free, credits});
   if (n == 0 || chain == nullptr) return errc::ok;

@@ -98,6 +98,20 @@ struct lane_qp {
   bool rts = false;                   ///< this lane moved the QP to RTS
   bool left_reset = false;            ///< the QP left RESET (ERR from RESET is refused)
   bool errored = false;               ///< this lane moved the QP to ERR
+  bool drain_posted = false;          ///< `drain` went out after errored (once)
+  /// The drain marker: one signaled WR posted after the QP went to ERR.  Its
+  /// completion (flushed, or successful if the QP never left RTS) retires
+  /// everything posted before it, which an unsignaled last WR would
+  /// otherwise leave in the ring for good (review turn 3, finding 10).  Its
+  /// hook makes it no transfer's WR.
+  detail::slice drain;
+};
+
+/// What endpoint::post_drain_marker did.
+enum class drain_post : std::uint8_t {
+  posted,      ///< in the ring: its completion retires the rest
+  not_needed,  ///< the ring is empty, the QP never left RESET, or a marker is out
+  retry,       ///< the send queue refused it for now (try on a later pass)
 };
 
 class endpoint {
@@ -167,6 +181,11 @@ class endpoint {
   [[nodiscard]] status lane_connect(std::uint32_t i, const peer_route& r);
   /// QP i -> ERR (its WRs complete flushed).  Idempotent.
   void lane_error(std::uint32_t i) noexcept;
+  /// After lane_error: posts QP i's drain marker (signaled, zero length)
+  /// behind whatever is in its ring, in the send queue slot kept free for
+  /// it, as the kernel's ib_drain_sq does.  Requires a free CQ entry (the
+  /// caller counts it as posted).  Lane i's thread.
+  [[nodiscard]] drain_post post_drain_marker(std::uint32_t i) noexcept;
 
   // ---- RDMA notifications on QP 0 (lane 0's thread; notify_qp.hpp) ----
   [[nodiscard]] detail::notify_qp& notify() noexcept { return notify_; }
@@ -186,7 +205,7 @@ class endpoint {
   /// Free send queue slots on QP i.
   [[nodiscard]] std::uint32_t sq_room(std::uint32_t i) noexcept {
     const std::uint32_t depth = params_.caps.max_send_wr;
-    lanes_[i].ring.reserve(depth);
+    lanes_[i].ring.reserve(depth + 1);  // + the drain marker's slot
     return depth - std::min(depth, lanes_[i].ring.size());
   }
 

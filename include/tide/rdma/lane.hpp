@@ -251,6 +251,7 @@ class lane final : public detail::notify_sink {
     }
     did |= post_pending();
     did |= poll() > 0;
+    if (!undrained_.empty()) [[unlikely]] did |= retry_drains();
     did |= notify_.pass(notify_view());
     return did;
   }
@@ -277,7 +278,10 @@ class lane final : public detail::notify_sink {
           m.latch->arrive(st);
           break;
         }
-        case lane_message::kind::fail_qp: m.ep->lane_error(index_); break;
+        case lane_message::kind::fail_qp:
+          m.ep->lane_error(index_);
+          drain(*m.ep);
+          break;
         case lane_message::kind::cq_error: on_cq_error("IBV_EVENT_CQ_ERR"); break;
       }
       if (m.ep != nullptr) m.ep->release();  // last touch of the endpoint for this message
@@ -519,6 +523,43 @@ class lane final : public detail::notify_sink {
     return n;
   }
 
+  // After "QP to ERR": the drain marker behind the QP's ring, so that the
+  // ring retires even when the last WR posted was unsignaled and no flush
+  // completion would come for it (review turn 3, finding 10).  Without a
+  // free CQ entry (or send queue slot) it is tried again on later passes;
+  // undrained_ holds the endpoint meanwhile.
+  void drain(endpoint& e) noexcept {
+    if (try_drain(e)) return;
+    e.hold();
+    undrained_.push_back(&e);
+  }
+  // True when nothing is left to do for `e`'s marker.
+  bool try_drain(endpoint& e) noexcept {
+    if (e.lane(index_).ring.empty()) return true;
+    if (cq_used_ + notify_.rx_posted() >= cq_capacity_) return false;
+    switch (e.post_drain_marker(index_)) {
+      case drain_post::posted: ++cq_used_; return true;
+      case drain_post::not_needed: return true;
+      case drain_post::retry: return false;
+    }
+    return true;
+  }
+  // One more attempt for each marker that could not go out (cold).
+  bool retry_drains() noexcept {
+    const std::size_t before = undrained_.size();
+    for (std::size_t k = 0; k < undrained_.size();) {
+      endpoint* e = undrained_[k];
+      if (!try_drain(*e)) {
+        ++k;
+        continue;
+      }
+      undrained_[k] = undrained_.back();
+      undrained_.pop_back();
+      e->release();
+    }
+    return undrained_.size() != before;
+  }
+
   // The endpoint whose QP on this lane has number `qp_num`: one with WRs in
   // this lane's rings (posted_), or none.  Lane thread.
   [[nodiscard]] endpoint* owner_of(std::uint32_t qp_num) const noexcept {
@@ -599,8 +640,11 @@ class lane final : public detail::notify_sink {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while ((cq_used_ != 0 || notify_.rx_posted() != 0) && std::chrono::steady_clock::now() < until) {
       (void)handle_mail();
+      if (!undrained_.empty()) (void)retry_drains();
       if (poll() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    for (endpoint* e : undrained_) e->release();  // their rings are taken below
+    undrained_.clear();
     for (auto& h : posted_) {
       std::size_t n = 0;
       for (detail::slice* s = h->take_ring(index_); s != nullptr;) {
@@ -638,6 +682,7 @@ class lane final : public detail::notify_sink {
   std::uint64_t swept_marks_ = 0;  ///< detail::stop_marks() at the last full sweep
   static constexpr std::size_t kDropWindow = 64;  ///< >= the WRs one post takes
   std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
+  std::vector<endpoint*> undrained_;  ///< QPs in ERR whose drain marker waits for room (each held)
   detail::notify_port<P> notify_;  ///< RDMA notifications (used on lane 0 only)
 };
 
