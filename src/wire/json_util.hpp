@@ -1,5 +1,5 @@
 #pragma once
-// Private helpers for the JSON decoders (descriptors.cpp, etcd.cpp): a depth
+// Private helpers for the JSON codecs (descriptors.cpp, segment_codec.cpp, etcd_codec.cpp): a depth
 // bound checked before parsing, and typed field readers whose errors name the
 // field.  Not installed; nlohmann stays out of public headers.
 
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tide::detail {
 
@@ -125,5 +126,39 @@ class json_field {
   const nlohmann::json& obj_;
   std::string path_;
 };
+
+/// `lhs = *expr`, or returns expr's error from the enclosing function.
+#define TIDE_TRY_ASSIGN(lhs, expr)                                   \
+  do {                                                               \
+    auto tide_r_ = (expr);                                           \
+    if (!tide_r_) return tl::unexpected(std::move(tide_r_.error())); \
+    lhs = std::move(*tide_r_);                                       \
+  } while (0)
+
+[[nodiscard]] inline nlohmann::json u32_array_json(const std::vector<std::uint32_t>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (auto x : v) a.push_back(x);
+  return a;
+}
+
+/// Compact JSON and a newline, as Mooncake writes descriptors and handshakes.
+[[nodiscard]] inline std::string dump_line(const nlohmann::json& j) {
+  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  s.push_back('\n');
+  return s;
+}
+
+[[nodiscard]] inline result<std::vector<std::uint32_t>> read_u32_array(const nlohmann::json& v,
+                                                                       const std::string& field) {
+  if (!v.is_array()) return wrong_type(v, field, "an array of unsigned integers");
+  std::vector<std::uint32_t> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    auto x = read_unsigned(v[i], field + "[" + std::to_string(i) + "]", UINT32_MAX);
+    if (!x) return tl::unexpected(std::move(x.error()));
+    out.push_back(static_cast<std::uint32_t>(*x));
+  }
+  return out;
+}
 
 }  // namespace tide::detail
