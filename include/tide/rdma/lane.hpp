@@ -270,7 +270,8 @@ class lane final : public detail::notify_sink {
     for (auto& m : mail) {
       switch (m.what) {
         case lane_message::kind::connect: {
-          const std::uint32_t rx_before = m.ep->notify().rx_posted;
+          // QP 0's receive count is lane 0's alone: other lanes must not read it.
+          const std::uint32_t rx_before = index_ == 0 ? m.ep->notify().rx_posted : 0;
           status st = running_.load(std::memory_order_relaxed)
                           ? m.ep->lane_connect(index_, *m.route)
                           : status{fail(errc::endpoint_closed, "lane stopping")};
@@ -494,10 +495,12 @@ class lane final : public detail::notify_sink {
       if (wc.status == IBV_WC_SUCCESS) [[likely]] {
         const std::uint32_t done = e->complete_through(index_, s);
         cq_used_ -= std::min(cq_used_, done);
+        // retire_wr: riders, NIC load and bandwidth sample, rail success.
+        // Before the endpoint is let go: a slice may live in it (the drain
+        // marker), and forget_if_idle can drop the last reference.
+        detail::retire_wr(*s, errc::ok);
         e->release(done);
         forget_if_idle(e);
-        // retire_wr: riders, NIC load and bandwidth sample, rail success.
-        detail::retire_wr(*s, errc::ok);
         continue;
       }
       const errc err = verbs::errc_from_wc_status(wc.status);
@@ -510,8 +513,6 @@ class lane final : public detail::notify_sink {
       detail::slice* unknown = nullptr;
       const std::uint32_t done = e->complete_through(index_, s, &unknown);
       cq_used_ -= std::min(cq_used_, done);
-      e->release(done);
-      forget_if_idle(e);
       for (detail::slice* u = unknown; u != nullptr;) {
         detail::slice* next = u->next;
         u->next = nullptr;
@@ -519,6 +520,8 @@ class lane final : public detail::notify_sink {
         u = next;
       }
       ctx_.on_slice_failed(*s, err);
+      e->release(done);  // last: the drain marker's slice lives in the endpoint
+      forget_if_idle(e);
     }
     return n;
   }
@@ -603,7 +606,6 @@ class lane final : public detail::notify_sink {
       }
       e.release(n);
     }
-    eps.clear();
     if (auto fresh = ctx_.rebuild_cq(index_); fresh) {
       idle_->detach(cq_->native_handle());
       cq_ = std::move(*fresh);
@@ -621,6 +623,7 @@ class lane final : public detail::notify_sink {
       ctx_.on_slice_failed(*s, errc::completion_queue_error);
       s = next;
     }
+    eps.clear();  // after the slices: a drain marker among them lives in its endpoint
   }
 
   void drain_on_stop() noexcept {
