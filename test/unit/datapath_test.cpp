@@ -2,6 +2,7 @@
 // NIC choice through the peer's priority matrix), slice/task/batch roll-up,
 // the shard queue, engine_config environment overrides.
 #include <tide/engine.hpp>
+#include <tide/rdma/detail/drop_stopped.hpp>
 #include <tide/rdma/detail/slice_queue.hpp>
 #include <tide/rdma/segment.hpp>
 
@@ -148,6 +149,49 @@ TEST_CASE("slices roll up into tasks and batches; the last slice wakes the batch
   CHECK(b.tasks[0].state == transfer_state::canceled);
   CHECK(b.tasks[0].reason == errc::canceled);
   CHECK(b.unfinished == 0);
+}
+
+// Review turn 3, finding 12: the lane looked at every queued slice on every
+// pass, so N slices to one peer, posted 32 per pass, cost N^2/64 checks.
+TEST_CASE("drop_stopped: a lane posting N queued slices 32 at a time looks at O(N) of them") {
+  constexpr std::size_t n = 100000, per_post = 32, window = 64;
+  rdma::detail::batch_state b(2);
+  std::vector<rdma::detail::slice> s(n);
+  b.tasks[0].slices_left = n - 3;
+  b.tasks[1].slices_left = 3;  // slices 10, n/2 and n-1: a task that times out
+  for (int t = 0; t < 2; ++t) b.tasks[t].state = transfer_state::pending;
+  b.unfinished = 2;
+  b.inflight = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    s[i].task = &b.tasks[i == 10 || i == n / 2 || i == n - 1 ? 1 : 0];
+    s[i].next = i + 1 < n ? &s[i + 1] : nullptr;
+  }
+  rdma::detail::slice* head = &s[0];
+  rdma::detail::slice* tail = &s[n - 1];
+
+  rdma::detail::stop_task(b.tasks[1], transfer_state::timeout, errc::timed_out);
+  // The window drops the one in reach; a sweep the rest, the tail with them.
+  CHECK(rdma::detail::drop_stopped(head, tail, window) == window + 1);
+  CHECK(b.tasks[1].slices_left == 2);
+  CHECK(rdma::detail::drop_stopped(head, tail, SIZE_MAX) == n - 1);
+  CHECK(b.tasks[1].state == transfer_state::timeout);
+  CHECK(tail == &s[n - 2]);
+  CHECK(tail->next == nullptr);
+
+  std::size_t looked = 0, posted = 0;
+  while (head != nullptr) {
+    looked += rdma::detail::drop_stopped(head, tail, window);
+    for (std::size_t k = 0; k < per_post && head != nullptr; ++k, ++posted) {
+      rdma::detail::slice* p = head;
+      head = p->next;
+      p->next = nullptr;
+      rdma::detail::retire_slice(*p, errc::ok);
+    }
+  }
+  CHECK(posted == n - 3);
+  CHECK(b.tasks[0].state == transfer_state::completed);
+  CHECK(b.inflight == 0);
+  CHECK(looked < 3 * n);  // about 2n; a whole walk per pass: n * n / 64 = 1.5e8
 }
 
 TEST_CASE("the shard queue hands every pushed slice to its consumer exactly once") {

@@ -24,6 +24,7 @@
 /// exactly when things go wrong.
 
 #include <tide/detail/log.hpp>
+#include <tide/rdma/detail/drop_stopped.hpp>
 #include <tide/rdma/detail/notify_lane.hpp>
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
@@ -324,29 +325,6 @@ class lane final : public detail::notify_sink {
     }
   }
 
-  // Retires the slices of tasks marked to stop (timeout, cancel) among the
-  // first `window` live slices of the group: those a post may take next.
-  // A walk of the whole queue on every pass made a big batch to one peer
-  // O(n^2) on the lane (review turn 3, finding 12); the rest of the queue is
-  // swept only when some task was marked since (post_pending).
-  static void drop_dead(group& g, std::size_t window) noexcept {
-    detail::slice** link = &g.head;
-    detail::slice* last_kept = nullptr;
-    for (std::size_t kept = 0; *link != nullptr && kept < window;) {
-      detail::slice* s = *link;
-      if (const errc why = detail::should_drop(*s); why != errc::ok) [[unlikely]] {
-        *link = s->next;
-        s->next = nullptr;
-        detail::retire_wr(*s, why);
-        continue;
-      }
-      last_kept = s;
-      link = &s->next;
-      ++kept;
-    }
-    if (*link == nullptr) g.tail = last_kept;  // walked to the end (the old tail may be gone)
-  }
-
   // Hands every slice of a group back to the transport with `e` (cold).
   void fail_group(group& g, errc e) noexcept {
     detail::slice* s = g.head;
@@ -377,7 +355,7 @@ class lane final : public detail::notify_sink {
     for (std::size_t k = 0; k < ng; ++k) {
       group& g = groups_[(rr_ + k) % ng];
       if (g.head == nullptr) continue;
-      drop_dead(g, sweep ? std::numeric_limits<std::size_t>::max() : kDropWindow);
+      (void)detail::drop_stopped(g.head, g.tail, sweep ? std::numeric_limits<std::size_t>::max() : kDropWindow);
       if (g.head == nullptr) {
         g.path = nullptr;
         g.ep.reset();
