@@ -4,7 +4,7 @@
 //
 // Devices: $TIDE_TEST_DEVICES or $RXE_VM_DEVICES ("rxe0 rxe1"), else the
 // first two devices (the same one twice when there is only one).
-// The binary doubles as the peer process: `rxe_engine --peer <device>`.
+// The binary doubles as the peer process (peer_process.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -14,6 +14,7 @@
 #include <tide/verbs/device.hpp>
 
 #include "devices_under_test.hpp"
+#include "peer_process.hpp"
 #include "rxe_helpers.hpp"
 
 #include <fcntl.h>
@@ -102,100 +103,9 @@ void write_read_roundtrips(EA& a, EB& b, int iterations, std::size_t max_size, s
   REQUIRE(b.unregister_memory(lb.data));
 }
 
-// The peer process: prints its segment name, then answers "CHECK off len seed"
-// (is its memory at off the pattern of seed?) and "FILL off len seed" lines.
-int peer_main(const std::string& device) {
-  auto e = tide::transfer_engine<>::create(config_for({device}));
-  if (!e) {
-    std::printf("ERROR %s\n", e.error().message().c_str());
-    return 1;
-  }
-  constexpr std::size_t kSize = 40u << 20;
-  buffer mem(kSize);
-  if (auto r = (*e)->register_memory(mem.data, kSize, "cpu:0"); !r) {
-    std::printf("ERROR %s\n", r.error().message().c_str());
-    return 1;
-  }
-  std::printf("SEGMENT %s %llu\n", (*e)->segment_name().c_str(), static_cast<unsigned long long>(
-                                                                     reinterpret_cast<std::uintptr_t>(mem.data)));
-  std::fflush(stdout);
-  char line[256];
-  while (std::fgets(line, sizeof line, stdin) != nullptr) {
-    char cmd[16];
-    unsigned long long off = 0, len = 0, seed = 0;
-    if (std::sscanf(line, "%15s %llu %llu %llu", cmd, &off, &len, &seed) < 1) continue;
-    if (std::strcmp(cmd, "EXIT") == 0) break;
-    std::vector<unsigned char> want(len);
-    fill(want.data(), len, seed);
-    if (std::strcmp(cmd, "FILL") == 0) {
-      std::memcpy(mem.data + off, want.data(), len);
-      std::printf("OK\n");
-    } else {
-      std::printf(std::memcmp(mem.data + off, want.data(), len) == 0 ? "OK\n" : "BAD\n");
-    }
-    std::fflush(stdout);
-  }
-  return 0;
-}
-
-// A child process running peer_main, talked to over pipes.
-struct peer_process {
-  pid_t pid = -1;
-  FILE* to = nullptr;
-  FILE* from = nullptr;
-  std::string segment;
-  std::uint64_t base = 0;
-
-  explicit peer_process(const std::string& device) {
-    int in[2], out[2];
-    REQUIRE(::pipe(in) == 0);
-    REQUIRE(::pipe(out) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in[1]);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::string self = "/proc/self/exe";
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) self.assign(exe, static_cast<std::size_t>(n));
-    std::vector<char*> argv{self.data(), const_cast<char*>("--peer"), const_cast<char*>(device.c_str()), nullptr};
-    REQUIRE(posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in[0]);
-    ::close(out[1]);
-    to = ::fdopen(in[1], "w");
-    from = ::fdopen(out[0], "r");
-    char line[512];
-    REQUIRE(std::fgets(line, sizeof line, from) != nullptr);
-    char name[256];
-    unsigned long long base_addr = 0;
-    REQUIRE_MESSAGE(std::sscanf(line, "SEGMENT %255s %llu", name, &base_addr) == 2, "peer said: " << line);
-    segment = name;
-    base = base_addr;
-  }
-  bool ask(const char* cmd, std::size_t off, std::size_t len, std::uint64_t seed) {
-    std::fprintf(to, "%s %zu %zu %llu\n", cmd, off, len, static_cast<unsigned long long>(seed));
-    std::fflush(to);
-    char line[64];
-    return std::fgets(line, sizeof line, from) != nullptr && std::strncmp(line, "OK", 2) == 0;
-  }
-  void kill() {
-    if (pid > 0) ::kill(pid, SIGKILL);
-  }
-  ~peer_process() {
-    if (to != nullptr) {
-      std::fprintf(to, "EXIT\n");
-      std::fclose(to);
-    }
-    if (from != nullptr) std::fclose(from);
-    if (pid > 0) {
-      int st = 0;
-      ::waitpid(pid, &st, 0);
-    }
-  }
-};
+// The peer process's memory (peer_process.hpp): the killed-peer cases write and read in it.
+constexpr std::size_t kPeerMem = 40u << 20;
+using tide::test::peer_process;
 
 // A policy set per shipped policy (with default_policies: every eviction,
 // shard hash and idle strategy, and the p2p and in_process metadata).
@@ -759,7 +669,7 @@ TEST_CASE("endpoint capacity 2 with four peers in flight: no failure, evicted en
 
 TEST_CASE("two processes: WRITE and READ across rxe0/rxe1, checked in the peer") {
   const auto devs = devices_under_test();
-  peer_process peer(devs[1]);
+  peer_process peer(devs[1], 0, kPeerMem);
   auto a = make_engine({devs[0]});
   constexpr std::size_t kSize = 40u << 20;
   buffer la(kSize);
@@ -788,7 +698,7 @@ TEST_CASE("two processes: WRITE and READ across rxe0/rxe1, checked in the peer")
 
 TEST_CASE("the peer process killed mid-batch: tasks end FAILED within the timeout, no hang") {
   const auto devs = devices_under_test();
-  peer_process peer(devs[1]);
+  peer_process peer(devs[1], 0, kPeerMem);
   auto cfg = config_for({devs[0]});
   cfg.transfer_timeout = 40s;
   // 64 KiB WRs, requests not coalesced: completions trickle in, so the kill lands mid-batch
@@ -958,7 +868,7 @@ TEST_CASE("link down during transfers: port event seen, clean failure or failove
 int main(int argc, char** argv) {
   // A killed peer's pipe must not kill the test.
   ::signal(SIGPIPE, SIG_IGN);
-  if (argc >= 3 && std::string(argv[1]) == "--peer") return peer_main(argv[2]);
+  if (int status = 0; tide::test::run_as_peer(argc, argv, status)) return status;
   const auto list = tide::verbs::device_list::get();
   if (!list || list->empty()) {
     std::printf("no RDMA device on this host: skipped (exit 77)\n");

@@ -4,7 +4,7 @@
 // restarting under traffic, a remote access error failing one endpoint only.
 // Every byte is checked.
 //
-// The binary doubles as the peer process: `rxe_lanes --peer <device> <port>`.
+// The binary doubles as the peer process (peer_process.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -14,18 +14,14 @@
 #include <tide/policy/hybrid.hpp>
 
 #include "devices_under_test.hpp"
+#include "peer_process.hpp"
 #include "rxe_helpers.hpp"
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <thread>
-
-extern char** environ;
 
 namespace {
 
@@ -41,100 +37,9 @@ using tide::test::run_one;
 using tide::test::make_engine;
 using engine = tide::transfer_engine<>;
 
-// ---- the peer process: prints "SEGMENT <name> <base>", then answers
-// "CHECK off len seed" / "FILL off len seed" with OK or BAD.
+// The peer process's memory (peer_process.hpp).
 constexpr std::size_t kPeerMem = 8u << 20;
-
-int peer_main(const std::string& device, std::uint16_t port) {
-  auto c = config_for({device});
-  c.handshake_port = port;
-  auto e = engine::create(c);
-  if (!e) {
-    std::printf("ERROR %s\n", e.error().message().c_str());
-    return 1;
-  }
-  buffer mem(kPeerMem);
-  if (auto r = (*e)->register_memory(mem.data, kPeerMem, "cpu:0"); !r) {
-    std::printf("ERROR %s\n", r.error().message().c_str());
-    return 1;
-  }
-  std::printf("SEGMENT %s\n", (*e)->segment_name().c_str());
-  std::fflush(stdout);
-  char line[256];
-  while (std::fgets(line, sizeof line, stdin) != nullptr) {
-    char cmd[16];
-    unsigned long long off = 0, len = 0, seed = 0;
-    if (std::sscanf(line, "%15s %llu %llu %llu", cmd, &off, &len, &seed) < 1) continue;
-    if (std::strcmp(cmd, "EXIT") == 0) break;
-    std::vector<unsigned char> want(len);
-    fill(want.data(), len, seed);
-    if (std::strcmp(cmd, "FILL") == 0) {
-      std::memcpy(mem.data + off, want.data(), len);
-      std::printf("OK\n");
-    } else {
-      std::printf(std::memcmp(mem.data + off, want.data(), len) == 0 ? "OK\n" : "BAD\n");
-    }
-    std::fflush(stdout);
-  }
-  return 0;
-}
-
-struct peer_process {
-  pid_t pid = -1;
-  FILE* to = nullptr;
-  FILE* from = nullptr;
-  std::string segment;
-
-  peer_process(const std::string& device, std::uint16_t port) {
-    int in[2], out[2];
-    REQUIRE(::pipe(in) == 0);
-    REQUIRE(::pipe(out) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in[1]);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    REQUIRE(n > 0);
-    std::string self(exe, static_cast<std::size_t>(n));
-    std::string port_text = std::to_string(port);
-    std::vector<char*> argv{self.data(), const_cast<char*>("--peer"), const_cast<char*>(device.c_str()),
-                            port_text.data(), nullptr};
-    REQUIRE(posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in[0]);
-    ::close(out[1]);
-    to = ::fdopen(in[1], "w");
-    from = ::fdopen(out[0], "r");
-    char line[512];
-    REQUIRE(std::fgets(line, sizeof line, from) != nullptr);
-    char name[256];
-    REQUIRE_MESSAGE(std::sscanf(line, "SEGMENT %255s", name) == 1, "peer said: " << line);
-    segment = name;
-  }
-  bool ask(const char* cmd, std::size_t off, std::size_t len, std::uint64_t seed) {
-    std::fprintf(to, "%s %zu %zu %llu\n", cmd, off, len, static_cast<unsigned long long>(seed));
-    std::fflush(to);
-    char line[64];
-    return std::fgets(line, sizeof line, from) != nullptr && std::strncmp(line, "OK", 2) == 0;
-  }
-  void kill() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    pid = -1;
-  }
-  ~peer_process() {
-    if (to != nullptr) {
-      if (pid > 0) std::fprintf(to, "EXIT\n");
-      std::fclose(to);
-    }
-    if (from != nullptr) std::fclose(from);
-    if (pid > 0) ::waitpid(pid, nullptr, 0);
-  }
-};
+using tide::test::peer_process;
 
 // Submits `reqs` as one batch, waits, and requires every task COMPLETED and
 // the batch free (nothing left busy).
@@ -379,7 +284,7 @@ TEST_CASE("a peer process restarts with the same segment name while traffic is q
   };
   std::string name;
   {
-    peer_process p1(devs[1], port);
+    peer_process p1(devs[1], port, kPeerMem);
     name = p1.segment;
     auto seg = a->open_segment(name);
     REQUIRE(seg);
@@ -402,7 +307,7 @@ TEST_CASE("a peer process restarts with the same segment name while traffic is q
     REQUIRE(a->free_batch(*b));
     REQUIRE(a->close_segment(*seg));
   }
-  peer_process p2(devs[1], port);
+  peer_process p2(devs[1], port, kPeerMem);
   REQUIRE(p2.segment == name);
   auto seg = a->open_segment(name);
   REQUIRE(seg);
@@ -448,8 +353,7 @@ TEST_CASE("a WRITE to a stale rkey fails its endpoint with remote_access_error; 
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
-  if (argc >= 4 && std::string(argv[1]) == "--peer")
-    return peer_main(argv[2], static_cast<std::uint16_t>(std::atoi(argv[3])));
+  if (int status = 0; tide::test::run_as_peer(argc, argv, status)) return status;
   const auto list = tide::verbs::device_list::get();
   if (!list || list->empty()) {
     std::printf("no RDMA device on this host: skipped (exit 77)\n");
