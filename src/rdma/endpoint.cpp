@@ -179,15 +179,7 @@ errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept 
   s.ep = this;
   s.qp = 0;
   s.next = nullptr;
-  l.ring.reserve(params_.caps.max_send_wr + 1);
-  l.ring.push(&s);
-  outstanding_.fetch_add(1, std::memory_order_relaxed);
-  const errc e = qps_[0].post_send(&wr);
-  if (e != errc::ok) [[unlikely]] {
-    l.ring.unpush(1);
-    outstanding_.fetch_sub(1, std::memory_order_relaxed);
-    return e;
-  }
+  if (const errc e = post_signaled(0, wr, s); e != errc::ok) [[unlikely]] return e;
   l.since_signal = 0;
   return errc::ok;
 }
@@ -247,6 +239,20 @@ struct drain_marker_hook final : detail::wr_hook {
 drain_marker_hook g_drain_hook;
 }  // namespace
 
+errc endpoint::post_signaled(std::uint32_t i, ibv_send_wr& wr, detail::slice& s) noexcept {
+  lane_qp& l = lanes_[i];
+  // In the ring before the post: its completion may be polled at once.
+  l.ring.reserve(params_.caps.max_send_wr + 1);
+  l.ring.push(&s);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  const errc e = qps_[i].post_send(&wr);
+  if (e != errc::ok) [[unlikely]] {
+    l.ring.unpush(1);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return e;
+}
+
 drain_post endpoint::post_drain_marker(std::uint32_t i) noexcept {
   lane_qp& l = lanes_[i];
   if (!l.errored || !l.left_reset || l.drain_posted || l.ring.empty()) return drain_post::not_needed;
@@ -263,14 +269,7 @@ drain_post endpoint::post_drain_marker(std::uint32_t i) noexcept {
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.num_sge = 0;
   wr.send_flags = IBV_SEND_SIGNALED;
-  l.ring.reserve(params_.caps.max_send_wr + 1);
-  l.ring.push(&s);
-  outstanding_.fetch_add(1, std::memory_order_relaxed);
-  if (qps_[i].post_send(&wr) != errc::ok) [[unlikely]] {
-    l.ring.unpush(1);
-    outstanding_.fetch_sub(1, std::memory_order_relaxed);
-    return drain_post::retry;
-  }
+  if (post_signaled(i, wr, s) != errc::ok) [[unlikely]] return drain_post::retry;
   l.drain_posted = true;
   return drain_post::posted;
 }

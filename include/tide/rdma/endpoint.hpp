@@ -293,6 +293,9 @@ class endpoint {
   [[nodiscard]] const ibv_cq* lane_cq(std::uint32_t i) const noexcept { return cqs_[i]->native_handle(); }
 
  private:
+  // Posts one signaled WR `wr` for slice `s` on QP i and counts it in the ring
+  // and outstanding_; on failure neither.  Lane i only.
+  [[nodiscard]] errc post_signaled(std::uint32_t i, ibv_send_wr& wr, detail::slice& s) noexcept;
   endpoint(const endpoint_params& params, std::string peer);
 
   endpoint_params params_;
