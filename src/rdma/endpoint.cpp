@@ -56,10 +56,8 @@ result<std::unique_ptr<endpoint>> endpoint::create(const endpoint_params& params
   std::unique_ptr<endpoint> ep(new endpoint(params, std::move(peer_nic_path)));
   ep->cqs_.assign(cqs.begin(), cqs.end());
   ep->qps_.reserve(params.num_qp);
-  // One send queue slot more than the lanes fill: the drain marker's
-  // (post_drain_marker), which must find room behind a full queue.
   verbs::qp_caps caps = params.caps;
-  caps.max_send_wr += 1;
+  caps.max_send_wr += kDrainMarkerSlots;
   for (std::uint32_t i = 0; i < params.num_qp; ++i) {
     auto qp = verbs::queue_pair::create(*params.pd, *cqs[i], *cqs[i], caps);
     if (!qp) return fail(qp.error());
@@ -242,7 +240,7 @@ drain_marker_hook g_drain_hook;
 errc endpoint::post_signaled(std::uint32_t i, ibv_send_wr& wr, detail::slice& s) noexcept {
   lane_qp& l = lanes_[i];
   // In the ring before the post: its completion may be polled at once.
-  l.ring.reserve(params_.caps.max_send_wr + 1);
+  l.ring.reserve(params_.caps.max_send_wr + kDrainMarkerSlots);
   l.ring.push(&s);
   outstanding_.fetch_add(1, std::memory_order_relaxed);
   const errc e = qps_[i].post_send(&wr);
@@ -314,7 +312,7 @@ errc endpoint::post(std::uint32_t i, detail::slice*& chain, std::uint32_t credit
   if (!l.rts || state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
     return errc::endpoint_closed;
   const std::uint32_t depth = params_.caps.max_send_wr;
-  l.ring.reserve(depth + 1);  // + the drain marker's slot
+  l.ring.reserve(depth + kDrainMarkerSlots);
   const std::uint32_t sq_free = depth - std::min(depth, l.ring.size());
   const std::size_t n = std::min<std::size_t>({kMaxChain, sq_free, credits});
   if (n == 0 || chain == nullptr) return errc::ok;

@@ -107,6 +107,10 @@ struct lane_qp {
   detail::slice drain;
 };
 
+/// Send queue slots a QP has beyond the `max_send_wr` the lanes fill: the
+/// drain marker's, which must find room behind a full queue.
+inline constexpr std::uint32_t kDrainMarkerSlots = 1;
+
 /// What endpoint::post_drain_marker did.
 enum class drain_post : std::uint8_t {
   posted,      ///< in the ring: its completion retires the rest
@@ -205,7 +209,7 @@ class endpoint {
   /// Free send queue slots on QP i.
   [[nodiscard]] std::uint32_t sq_room(std::uint32_t i) noexcept {
     const std::uint32_t depth = params_.caps.max_send_wr;
-    lanes_[i].ring.reserve(depth + 1);  // + the drain marker's slot
+    lanes_[i].ring.reserve(depth + kDrainMarkerSlots);
     return depth - std::min(depth, lanes_[i].ring.size());
   }
 

@@ -374,8 +374,9 @@ class rdma_context {
     if (cfg_.signal_interval < 1) return fail(errc::config_invalid, "signal_interval must be >= 1");
     if (cfg_.rc.max_rd_atomic < 1) return fail(errc::config_invalid, "max_rd_atomic must be >= 1");
     clamp(cfg_.max_cqe, dev.max_cqe, "max_cqe");
-    // One slot of each send queue stays free for the drain marker (endpoint::post_drain_marker).
-    clamp(cfg_.caps.max_send_wr, dev.max_qp_wr > 1 ? dev.max_qp_wr - 1 : dev.max_qp_wr, "max_wr");
+    // Each QP gets kDrainMarkerSlots more than max_wr (endpoint::post_drain_marker).
+    constexpr int marker = static_cast<int>(kDrainMarkerSlots);
+    clamp(cfg_.caps.max_send_wr, dev.max_qp_wr > marker ? dev.max_qp_wr - marker : dev.max_qp_wr, "max_wr");
     clamp(cfg_.rc.max_rd_atomic, dev.max_qp_init_rd_atom, "max_rd_atomic");
     cfg_.rc.max_dest_rd_atomic = cfg_.rc.max_rd_atomic;
     clamp(cfg_.rc.max_dest_rd_atomic, dev.max_qp_rd_atom, "max_rd_atomic (as responder)");
