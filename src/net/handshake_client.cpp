@@ -11,7 +11,9 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <optional>
 
 namespace tide::net {
@@ -25,8 +27,8 @@ namespace {
 
 class client_session {
  public:
-  client_session(std::string_view host, std::uint16_t port)
-      : host_(host), port_(port), where_(format_peer_address(host, port)) {}
+  client_session(std::string_view host, std::uint16_t port, const std::atomic<bool>* abort)
+      : host_(host), port_(port), where_(format_peer_address(host, port)), abort_(abort) {}
 
   status connect(std::chrono::milliseconds timeout) {
     const auto deadline = clock::now() + timeout;
@@ -45,6 +47,7 @@ class client_session {
                                  handler(e);
                                });
       }, [&] { resolver.cancel(); });
+      if (ec == asio::error::operation_aborted) return abandoned("resolving");
       if (ec) {
         return fail(errc::peer_unreachable, "cannot resolve " + where_ + ": " +
                                                 (ec == asio::error::timed_out ? "timed out" : ec.message()));
@@ -53,6 +56,7 @@ class client_session {
         asio::async_connect(sock_, results, [handler](const error_code& e, const tcp::endpoint&) { handler(e); });
       });
     }
+    if (ec == asio::error::operation_aborted) return abandoned("connecting to");
     if (ec == asio::error::timed_out) {
       return fail(errc::peer_unreachable,
                   "connect to " + where_ + " timed out after " + std::to_string(timeout.count()) + " ms");
@@ -68,6 +72,7 @@ class client_session {
     error_code ec = run_until(deadline, [&](auto handler) {
       asio::async_write(sock_, asio::buffer(request), [handler](const error_code& e, std::size_t) { handler(e); });
     });
+    if (ec == asio::error::operation_aborted) return abandoned("sending to");
     if (ec == asio::error::timed_out) {
       return fail(errc::handshake_failed, "sending to " + where_ + " timed out");
     }
@@ -85,6 +90,7 @@ class client_session {
                                 handler(e);
                               });
       });
+      if (ec == asio::error::operation_aborted) return abandoned("waiting for the reply of");
       if (ec == asio::error::timed_out) {
         return fail(errc::handshake_failed, "no complete reply from " + where_ + " within " +
                                                 std::to_string(timeout.count()) + " ms (" +
@@ -114,20 +120,37 @@ class client_session {
   }
 
  private:
+  error stopped_error(const char* doing) const {
+    return error{errc::canceled, std::string("gave up ") + doing + " " + where_ + ": the engine is stopping"};
+  }
+  tl::unexpected<error> abandoned(const char* doing) const { return fail(stopped_error(doing)); }
+
+  bool abort_requested() const noexcept { return abort_ != nullptr && abort_->load(std::memory_order_acquire); }
+
   // Starts an operation whose handler takes (error_code) and runs the
-  // io_context until it completes or `deadline` passes; on timeout, `cancel`
-  // (default: close the socket) aborts it and asio::error::timed_out results.
+  // io_context until it completes, `deadline` passes or the abort flag is
+  // set (looked at every kAbortPoll); then `cancel` (default: close the
+  // socket) ends it, and asio::error::timed_out or operation_aborted results.
   template <class Start, class Cancel>
   error_code run_until(clock::time_point deadline, Start start, Cancel cancel) {
     std::optional<error_code> done;
     start([&done](const error_code& e) { done = e; });
     ctx_.restart();
-    ctx_.run_until(deadline);
+    bool aborted = false;
+    for (;;) {
+      const auto now = clock::now();
+      if (done || now >= deadline) break;
+      if (abort_requested()) {
+        aborted = true;
+        break;
+      }
+      ctx_.run_until(abort_ == nullptr ? deadline : std::min(deadline, now + kAbortPoll));
+    }
     if (!done) {
       cancel();
       ctx_.restart();
       ctx_.run();  // let the aborted operation finish before its buffers go away
-      return asio::error::timed_out;
+      return aborted ? error_code(asio::error::operation_aborted) : error_code(asio::error::timed_out);
     }
     return *done;
   }
@@ -144,6 +167,7 @@ class client_session {
   std::string host_;
   std::uint16_t port_;
   std::string where_;
+  const std::atomic<bool>* abort_;
 };
 
 }  // namespace
@@ -191,7 +215,7 @@ result<std::string> send_request(std::string_view host, std::uint16_t port, mess
                                  std::string_view body, const request_options& opts) {
   if (host.empty()) return fail(errc::invalid_argument, "empty host");
   try {
-    client_session s{host, port};
+    client_session s{host, port, opts.abort};
     if (auto ok = s.connect(opts.connect_timeout); !ok) return fail(ok.error());
     if (opts.secret) return authenticated_round_trip(s, type, body, opts);
     auto reply = s.round_trip(encode_frame(type, body), opts.max_reply, opts.receive_timeout);

@@ -280,6 +280,34 @@ TEST_CASE("client: a peer that never answers times out; wrong, short or oversize
   }
 }
 
+// Review turn 3, finding 6: an engine going away waited out the connect and
+// receive timeouts (5 s + 30 s) of every handshake under way to a hung peer.
+TEST_CASE("client: a request under way gives up within kAbortPoll once its abort flag is set") {
+  tide::test::silent_listener silent;
+  std::atomic<bool> abort{false};
+  request_options opts;
+  opts.receive_timeout = 30s;
+  opts.abort = &abort;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(300ms);
+    abort = true;
+  });
+  auto t0 = clock_type::now();
+  auto r = probe("127.0.0.1", silent.port(), opts);
+  stopper.join();
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == errc::canceled);
+  MESSAGE(r.error().message() << " after " << elapsed_ms(t0) << " ms");
+  CHECK(elapsed_ms(t0) >= 290);
+  CHECK(elapsed_ms(t0) < 300 + 10 * kAbortPoll.count());
+  // Set before the request: it does not go out.
+  t0 = clock_type::now();
+  auto again = exchange_handshake("127.0.0.1", silent.port(), active_request(), opts);
+  REQUIRE_FALSE(again.has_value());
+  CHECK(again.error().code == errc::canceled);
+  CHECK(elapsed_ms(t0) < 10 * kAbortPoll.count());
+}
+
 TEST_CASE("bad input on the port: each bad connection is dropped with no reply, the others are served") {
   auto srv = handshake_server::start(loopback(3000ms), {});
   REQUIRE(srv.has_value());

@@ -34,6 +34,11 @@ struct transfer_engine<P>::impl {
   /// Notifications of submits; emplaced by create() once the metadata cache exists.
   std::optional<detail::notify_outbox> outbox;
 
+  /// Set first thing in ~transfer_engine: an active handshake under way (on
+  /// a connector thread) gives up within net::kAbortPoll instead of holding
+  /// the teardown for its connect and receive timeouts.  Notifications are
+  /// not tied to it: the outbox still sends the ones the lanes hand back.
+  std::atomic<bool> stopping_handshakes{false};
   /// Handshakes this engine initiated, by outcome (the metrics).
   std::atomic<std::uint64_t> handshakes_ok{0}, handshakes_failed{0}, handshakes_auth_failed{0};
   void count_handshake(const result<handshake_desc>& r) noexcept {
@@ -59,6 +64,7 @@ transfer_engine<P>::transfer_engine(engine_config cfg)
 
 template <class P>
 transfer_engine<P>::~transfer_engine() {
+  impl_->stopping_handshakes.store(true, std::memory_order_release);
   impl_->metrics_server.reset();  // joins its thread: no scrape reads the transport below
   if (impl_->server) impl_->server->stop();
   impl_->transport.store(nullptr, std::memory_order_release);
@@ -180,8 +186,10 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     if (!again || *again == *addr) return r;
     return net::send_notify(again->host, again->port, n, ro);
   });
-  rdma::handshake_sender send = [ro, self, im](std::string_view peer_nic_path,
-                                               const handshake_desc& d) -> result<handshake_desc> {
+  net::request_options connect_ro = ro;
+  connect_ro.abort = &im->stopping_handshakes;
+  rdma::handshake_sender send = [ro = std::move(connect_ro), self, im](std::string_view peer_nic_path,
+                                                                     const handshake_desc& d) -> result<handshake_desc> {
     auto path = net::split_nic_path(peer_nic_path);
     if (!path) return fail(path.error());
     auto& backend = self->cache_->backend();

@@ -19,12 +19,14 @@
 /// errc::auth_failed: with opts.secret, the peer does not authenticate, its
 /// reply's MAC does not verify, or it refused ours; without, the peer
 /// requires a secret.  (wire/auth.hpp describes the exchange.)
+/// errc::canceled: opts.abort was set while the request was under way.
 
 #include <tide/wire/descriptors.hpp>
 #include <tide/net/frame.hpp>
 #include <tide/result.hpp>
 #include <tide/wire/auth.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +50,15 @@ struct request_options {
   std::shared_ptr<const wire::cluster_secret> secret;
   /// Who we are, bound into the MAC (the engine's segment name).
   std::string identity;
+  /// When it becomes true, a request under way gives up within kAbortPoll
+  /// (errc::canceled): an engine going away must not wait out the timeouts
+  /// above for a dead or hung peer (review turn 3, finding 6).  Null = never.
+  /// The owner keeps it alive across every request that uses it.
+  const std::atomic<bool>* abort = nullptr;
 };
+
+/// How often a request looks at request_options::abort.
+inline constexpr std::chrono::milliseconds kAbortPoll{50};
 
 /// Sends one typed frame and returns the body of the reply, which must carry
 /// the same type.  Thread-safe; each call owns its socket.  Cost: one TCP

@@ -18,6 +18,15 @@
 /// A request with new QP numbers for a connected endpoint (the peer
 /// restarted, or re-handshakes) retires the old endpoint (its lanes flush
 /// it) and accepts on a fresh one.
+///
+/// A peer path whose handshake failed slowly (a powered-off or hung peer:
+/// the attempt ran into its connect or receive timeout) is held off for as
+/// long as that attempt took, clamped to [kMinHoldOff, kMaxHoldOff]:
+/// endpoints made for it meanwhile fail at once with the same error
+/// instead of each queueing another attempt that holds a thread for
+/// seconds (review turn 3, finding 6).  A fast failure (connection
+/// refused: the process is gone, the host answers) is not held off, so a
+/// restarted peer is reached again at once.
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/endpoint.hpp>
@@ -26,8 +35,11 @@
 
 #include <tide/rdma/detail/setup_pool.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +59,10 @@ class connector {
   static constexpr std::chrono::milliseconds kLaneAnswerTimeout{10000};
   /// How a rejection for a lost simultaneous open begins.
   static constexpr std::string_view kLostRace = "simultaneous open: ";
+  /// A failed attempt at least this long holds its peer path off.
+  static constexpr std::chrono::milliseconds kSlowAttempt{1000};
+  static constexpr std::chrono::milliseconds kMinHoldOff{1000};
+  static constexpr std::chrono::milliseconds kMaxHoldOff{10000};
 
   connector(rdma_context<P>& ctx, handshake_sender send) : ctx_(ctx), send_(std::move(send)) {}
   connector(const connector&) = delete;
@@ -54,8 +70,9 @@ class connector {
   ~connector() { stop(); }
 
   /// Refuses new work and joins the pool: a queued handshake gives up at
-  /// once, one in flight finishes within its own timeouts.  Idempotent;
-  /// setup path.
+  /// once, one in flight when the sender gives up (the engine's sender
+  /// does within net::kAbortPoll once the engine is going away; any other
+  /// within its own timeouts).  Idempotent; setup path.
   void stop() noexcept {
     stopping_.store(true, std::memory_order_release);
     pool_.join();
@@ -69,6 +86,10 @@ class connector {
       return;
     }
     try {
+      if (auto held = held_off(h->peer_nic_path())) {
+        fail_connect(*h, held->code, held->detail);
+        return;
+      }
       if (!pool_.post([this, h]() mutable { run_active(h); })) fail_connect(*h, errc::endpoint_closed, "context stopping");
     } catch (...) {
       fail_connect(*h, errc::resource_exhausted, "cannot queue the handshake");
@@ -143,6 +164,7 @@ class connector {
       }
       setup.unlock();
       ctx_.lanes().wake_all();
+      forget_hold_off(req.local_nic_path);  // it is alive after all
       auto reply = e.local_desc(true);
       if (!req.psn) reply.psn.reset();  // a Mooncake peer: both ends start at PSN 0
       if (!req.notify_credits) reply.notify_credits.reset();  // it sends none: nothing to say
@@ -204,11 +226,13 @@ class connector {
       request = e.local_desc(/*with_ready_ack=*/true);
     }
     result<handshake_desc> reply = fail(errc::handshake_failed, "not sent");
+    const auto sent_at = std::chrono::steady_clock::now();
     try {
       reply = send_(e.peer_nic_path(), request);
     } catch (const std::exception& x) {
       reply = fail(errc::handshake_failed, x.what());
     }
+    if (!reply) note_failed_attempt(e.peer_nic_path(), reply.error(), std::chrono::steady_clock::now() - sent_at);
     std::unique_lock setup(e.setup_mutex());
     if (e.state() != endpoint_state::connecting) return;  // the peer's request won, or evicted
     if (!reply) {
@@ -263,6 +287,7 @@ class connector {
     setup.unlock();
     ctx_.lanes().wake_all();
     if (!up) return;
+    forget_hold_off(e.peer_nic_path());
     if (reply->ready_ack.has_value()) {
       auto ack = e.local_desc(true);
       ack.ready_ack = true;
@@ -279,9 +304,49 @@ class connector {
     }
   }
 
+  struct hold_off {
+    std::chrono::steady_clock::time_point until;
+    error why;
+  };
+
+  // The error an endpoint to `peer` fails with while its hold-off lasts.
+  std::optional<error> held_off(const std::string& peer) {
+    std::lock_guard lock(hold_mu_);
+    auto it = hold_offs_.find(peer);
+    if (it == hold_offs_.end()) return std::nullopt;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= it->second.until) {
+      hold_offs_.erase(it);  // the next attempt goes out; its outcome decides
+      return std::nullopt;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(it->second.until - now);
+    return error{it->second.why.code, "not attempted for another " + std::to_string(left.count()) +
+                                          " ms: the last handshake to " + peer + " failed (" +
+                                          it->second.why.message() + ")"};
+  }
+
+  void note_failed_attempt(const std::string& peer, const error& why, std::chrono::steady_clock::duration took) {
+    const bool slow = took >= kSlowAttempt;
+    const bool network = why.code == errc::peer_unreachable || why.code == errc::handshake_failed;
+    if (!slow || !network) return;
+    const auto hold = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(took), kMinHoldOff, kMaxHoldOff);
+    std::lock_guard lock(hold_mu_);
+    hold_offs_.insert_or_assign(peer, hold_off{std::chrono::steady_clock::now() + hold, why});
+  }
+
+  void forget_hold_off(const std::string& peer) {
+    std::lock_guard lock(hold_mu_);
+    hold_offs_.erase(peer);
+  }
+
   rdma_context<P>& ctx_;
   handshake_sender send_;
   std::atomic<bool> stopping_{false};
+  /// Peer paths held off after a slow failure; entries go when they expire
+  /// (looked up) or the peer turns out alive.  Any setup thread, a lane
+  /// (start_active); never held across anything else.
+  std::mutex hold_mu_;
+  std::map<std::string, hold_off, std::less<>> hold_offs_;
   detail::setup_pool pool_;  // last: its threads go before the members they use
 };
 
