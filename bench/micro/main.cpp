@@ -15,7 +15,7 @@
 namespace {
 void usage() {
   std::printf(
-      "usage: tide-policy-bench [--sections abcd] [--json FILE] [--repeats N] [--run-seconds S]\n"
+      "usage: tide-policy-bench [--sections abcde] [--json FILE] [--repeats N] [--run-seconds S]\n"
       "                         [--idle-seconds S] [--quick] [--rdma]\n"
       "  --sections   which of (a) miss ratio, (b) store throughput, (c) shard hashes,\n"
       "               (d) idle strategies, (e) lane submit queues to run (default abcd)\n"

@@ -99,7 +99,7 @@ struct engine_config {
   /// of the cluster needs the same file.
   std::string auth_secret_file;
   /// Notification inbox bounds (detail/notify_inbox.hpp); over them a
-  /// message is refused (its sender told so) and counted in notify_stats().
+  /// message is refused (its sender told so) and counted in notification_stats().
   std::size_t notify_max_count = 4096;
   std::size_t notify_max_bytes = std::size_t{4} << 20;
   std::uint32_t notify_rate_per_peer = 1000;  ///< per sender per second; 0 = unbounded
@@ -148,7 +148,7 @@ struct engine_config {
   /// failed probe up to rail_max_cooldown.
   std::chrono::milliseconds rail_cooldown{100};
   std::chrono::milliseconds rail_max_cooldown{10000};
-  /// wait() polls the batch this long before it sleeps on a futex (key
+  /// wait() polls the batch this long before it sleeps on the batch's condition variable (key
   /// "wait_spin_us", env TIDE_WAIT_SPIN_US; 0 = sleep at once).  A small
   /// transfer ends within a few wire round trips, and waking a sleeping
   /// thread costs about as much again; a long one pays this much CPU once.
