@@ -295,6 +295,10 @@ class endpoint {
   [[nodiscard]] std::uint32_t qp_num(std::uint32_t i) const noexcept { return qp_nums_[i]; }
   /// The CQ QP i completes on (fixed at create).  Any thread.
   [[nodiscard]] const ibv_cq* lane_cq(std::uint32_t i) const noexcept { return cqs_[i]->native_handle(); }
+  /// QP i itself, for tests that post what a lane does not expect (a stray
+  /// completion).  Whatever is posted here bypasses lane i's ring and
+  /// credits: never on a QP with a full send queue.
+  [[nodiscard]] ibv_qp* native_qp(std::uint32_t i) const noexcept { return qps_[i].native_handle(); }
 
  private:
   // Posts one signaled WR `wr` for slice `s` on QP i and counts it in the ring
