@@ -58,9 +58,10 @@ struct transport_config {
   std::size_t slice_size = 65536;
   std::size_t fragment_limit = 16384;  ///< a tail up to this size joins the previous slice
   /// Retries per slice after a failure, on another rail or the same one.
-  /// A transient failure (plan::fresh_endpoint_may_help) with no other rail
-  /// to the peer is retried past it, with backoff, until the task's
-  /// deadline; 0 turns every retry off.
+  /// A transient failure (plan::fresh_endpoint_may_help) is retried past
+  /// it while the retry starts before the task's deadline: on another rail
+  /// when one is healthy, else on the same one after a backoff
+  /// (detail/retry_timer.hpp).  0 turns every retry off.
   unsigned max_retry = 4;
   std::chrono::milliseconds transfer_timeout{30000};
   std::string custom_topology_json;    ///< a priority matrix to use instead of the sysfs scan

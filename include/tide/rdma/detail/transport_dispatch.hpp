@@ -251,7 +251,9 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // A transient failure (the peer lives on) is retried past max_retry, for
   // as long as the retry starts before the task's deadline: a loss burst on
   // the only link outlasts any fixed count of rounds (issue 17, item 7).
-  // max_retry = 0 still means no retry at all.
+  // Past max_retry it still hops to another rail when one is healthy (rail
+  // health paces that: a rail that failed is paused); else it waits out a
+  // backoff for the same rail.  max_retry = 0 still means no retry at all.
   const bool transient = plan::fresh_endpoint_may_help(e);
   if (!retriable || cfg_.max_retry == 0 || s.rails == nullptr || (s.retries >= cfg_.max_retry && !transient) ||
       !detail::retry_timer::before_deadline(s, std::chrono::nanoseconds{0})) {
