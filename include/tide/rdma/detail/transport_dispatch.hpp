@@ -245,16 +245,24 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // A task marked to stop (timeout, cancel) is not retried: it becomes
   // final once its slices have all retired.
   const bool stopping = detail::should_drop(s) != errc::ok;
+  // timed_out on a task that is not marked to stop is the fresh endpoint's
+  // connect timing out, not the task: ibv_modify_qp to RTR resolves the
+  // peer's address and gets ETIMEDOUT while a loss burst eats the ARP
+  // replies (seen in the retry suite under TSan: every slice of the burst
+  // failed with it).  The peer lives on, so it is transient; a refused or
+  // unanswered TCP handshake (peer_unreachable) still fails at once.
+  const bool connect_timed_out = e == errc::timed_out && !stopping;
   // A rejected rkey is stale (the peer unregistered): no rail or retry can
   // make it valid, and each retry would cost an endpoint.
-  const bool retriable = e != errc::canceled && e != errc::timed_out && e != errc::remote_access_error && !stopping;
+  const bool retriable = e != errc::canceled && (e != errc::timed_out || connect_timed_out) &&
+                         e != errc::remote_access_error && !stopping;
   // A transient failure (the peer lives on) is retried past max_retry, for
   // as long as the retry starts before the task's deadline: a loss burst on
   // the only link outlasts any fixed count of rounds (issue 17, item 7).
   // Past max_retry it still hops to another rail when one is healthy (rail
   // health paces that: a rail that failed is paused); else it waits out a
   // backoff for the same rail.  max_retry = 0 still means no retry at all.
-  const bool transient = plan::fresh_endpoint_may_help(e);
+  const bool transient = plan::fresh_endpoint_may_help(e) || connect_timed_out;
   if (!retriable || cfg_.max_retry == 0 || s.rails == nullptr || (s.retries >= cfg_.max_retry && !transient) ||
       !detail::retry_timer::before_deadline(s, std::chrono::nanoseconds{0})) {
     detail::retire_wr(s, e);
