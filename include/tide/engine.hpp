@@ -66,7 +66,12 @@ struct engine_config {
   int gid_index = -1;                      ///< -1: automatic
   int mtu = 4096;                          ///< path MTU cap (bytes)
   std::uint8_t ib_port = 1;
-  unsigned max_retry = 4;                  ///< other NIC paths tried per failed slice
+  /// Retries per failed slice (another NIC path, or the same one).  A
+  /// transient failure (no ACK, a rejected request, a flush) is retried
+  /// past it until transfer_timeout: on another healthy path, else on the
+  /// same one with backoff (at once, then 4 ms doubling to 200 ms).  0 turns
+  /// retries off.
+  unsigned max_retry = 4;
   /// RC transport retries (QP retry_cnt) and ACK timeout exponent (4.096 us
   /// * 2^timeout).  Mooncake uses 7 and 14; tide's default retry_cnt is 6
   /// because Soft-RoCE (rdma_rxe) treats 7 as "retry forever", so a dead

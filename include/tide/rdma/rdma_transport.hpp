@@ -8,7 +8,10 @@
 ///     -> lane  (rdma_context::dispatch -> lane_pool / lane: credits, post, poll)
 ///     -> NIC -> completion (detail/retire_wr.hpp: slice -> task -> batch)
 ///   failure -> on_failed (detail/transport_dispatch.hpp): the rail pauses,
-///              the slice goes to the next healthy rail, up to max_retry.
+///              the slice goes to the next healthy rail, up to max_retry;
+///              a transient failure with no other rail waits in the retry
+///              timer (detail/retry_timer.hpp) and goes to the same rail
+///              again, past max_retry, until its task's deadline.
 ///
 /// Files: this one is the facade (config, members); rdma_transport_impl.hpp
 /// setup, memory, segments and request resolution; transport_dispatch.hpp
@@ -19,6 +22,7 @@
 #include <tide/rdma/batch_table.hpp>
 #include <tide/rdma/detail/batch.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
+#include <tide/rdma/detail/retry_timer.hpp>
 #include <tide/rdma/detail/task_telemetry.hpp>
 #include <tide/rdma/plan/nic_load.hpp>
 #include <tide/rdma/plan/path_selector.hpp>
@@ -36,6 +40,7 @@
 #include <array>
 #include <map>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,7 +57,12 @@ struct transport_config {
   std::vector<std::string> devices;  ///< NICs to use; empty = every HCA found
   std::size_t slice_size = 65536;
   std::size_t fragment_limit = 16384;  ///< a tail up to this size joins the previous slice
-  unsigned max_retry = 4;              ///< other paths tried per slice after a failure
+  /// Retries per slice after a failure, on another rail or the same one.
+  /// A transient failure (plan::fresh_endpoint_may_help) is retried past
+  /// it while the retry starts before the task's deadline: on another rail
+  /// when one is healthy, else on the same one after a backoff
+  /// (detail/retry_timer.hpp).  0 turns every retry off.
+  unsigned max_retry = 4;
   std::chrono::milliseconds transfer_timeout{30000};
   std::string custom_topology_json;    ///< a priority matrix to use instead of the sysfs scan
   std::size_t max_batches = 4096;      ///< batches alive at once
@@ -247,6 +257,13 @@ class rdma_transport {
                                          std::span<const transfer_request> requests,
                                          std::span<const resolved_request> res, detail::task_group* group);
   void on_failed(detail::slice& s, errc e) noexcept;
+  // The rail that failed once more: at once for a first retry, else parked
+  // in retry_timer_ for the backoff (retired when that would pass the deadline).
+  void retry_on_same_rail(detail::slice& s, errc e) noexcept;
+  // A retry leaves now: charges the slice's NIC and dispatches it (the retry
+  // timer's thread for a parked slice).
+  void resume_parked(detail::slice& s, errc e) noexcept;
+  void count_retry(detail::slice& s) noexcept;
   void fill_candidates(const local_buffer& lb, std::uint64_t local_addr, const remote_segment& seg,
                        const remote_buffer& pb, std::uint64_t remote_addr, candidate_lists& out) const noexcept;
   [[nodiscard]] std::uint32_t active_mask() const noexcept;
@@ -320,6 +337,10 @@ class rdma_transport {
 
   /// shutdown() began: on_failed retires instead of retrying.
   std::atomic<bool> stopping_{false};
+  /// Slices waiting out a backoff before a retry on the only rail to their
+  /// peer; owns them meanwhile (see its header).  Last member: it goes
+  /// first, though shutdown() has closed it already.
+  detail::retry_timer retry_timer_{[this](detail::slice& s, errc e) { resume_parked(s, e); }};
 };
 
 }  // namespace tide::rdma

@@ -150,6 +150,7 @@ struct slice {
   std::uint32_t peer_nic = 0;              ///< rail_table id of the peer NIC
   bool inline_data = false;                ///< small enough for IBV_SEND_INLINE; the lane decides
   bool probe = false;                      ///< the one slice a paused rail lets through
+  errc retry_error = errc::ok;             ///< while parked (detail/retry_timer.hpp): the failure it waits to retry
   wr_hook* hook = nullptr;                 ///< non-null: not a transfer's WR (no task)
 };
 

@@ -93,8 +93,12 @@ void rdma_transport<P>::shutdown() noexcept {
   // Retries stop first, and every context turns inactive before any of them
   // shuts down: a slice flushed while the lanes drain is retired, never
   // handed to a lane (of this context or another) that has stopped or is
-  // about to (review turn 3, finding 2).
+  // about to (review turn 3, finding 2).  Parked slices retire now, with
+  // their failures, instead of waiting out their backoff; the timer's
+  // thread is joined first, so a retry it was handing to a lane got there
+  // before any lane stops.
   stopping_.store(true, std::memory_order_release);
+  retry_timer_.close();
   for (auto& c : contexts_) c->begin_stop();
   for (auto& c : contexts_) c->shutdown();
 }

@@ -3,10 +3,14 @@
 // (included by rdma_transport.hpp):
 //   plan (plan::plan) -> path (P::path through plan::path_selector, rail
 //   health) -> slices -> dispatch to the lanes of each local NIC;
-//   on_failed: the rail learns, the slice goes to the next healthy rail.
+//   on_failed: the rail learns, the slice goes to the next healthy rail, or,
+//   when the failure is transient and no other rail reaches the peer, to the
+//   same rail after a backoff (detail/retry_timer.hpp) until its deadline.
 // Threads: plan_and_dispatch runs on the submitting thread (under the batch's
 // submit mutex and the local buffer table's shared lock); on_failed on the
-// lane that saw the failure.  Shared state: the rail table and the NIC loads
+// lane that saw the failure (or on the retry timer's thread, for a parked
+// slice whose NIC went away); resume_parked on the retry timer's thread, or
+// inline in on_failed for a retry that waits for nothing.  Shared state: the rail table and the NIC loads
 // (atomics), the path policy (thread-safe by its concept).
 
 namespace tide::rdma {
@@ -241,15 +245,29 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // A task marked to stop (timeout, cancel) is not retried: it becomes
   // final once its slices have all retired.
   const bool stopping = detail::should_drop(s) != errc::ok;
+  // timed_out on a task that is not marked to stop is the fresh endpoint's
+  // connect timing out, not the task: ibv_modify_qp to RTR resolves the
+  // peer's address and gets ETIMEDOUT while a loss burst eats the ARP
+  // replies (seen in the retry suite under TSan: every slice of the burst
+  // failed with it).  The peer lives on, so it is transient; a refused or
+  // unanswered TCP handshake (peer_unreachable) still fails at once.
+  const bool connect_timed_out = e == errc::timed_out && !stopping;
   // A rejected rkey is stale (the peer unregistered): no rail or retry can
   // make it valid, and each retry would cost an endpoint.
-  const bool retriable = e != errc::canceled && e != errc::timed_out && e != errc::remote_access_error && !stopping;
-  if (!retriable || s.retries >= cfg_.max_retry || s.rails == nullptr) {
+  const bool retriable = e != errc::canceled && (e != errc::timed_out || connect_timed_out) &&
+                         e != errc::remote_access_error && !stopping;
+  // A transient failure (the peer lives on) is retried past max_retry, for
+  // as long as the retry starts before the task's deadline: a loss burst on
+  // the only link outlasts any fixed count of rounds (issue 17, item 7).
+  // Past max_retry it still hops to another rail when one is healthy (rail
+  // health paces that: a rail that failed is paused); else it waits out a
+  // backoff for the same rail.  max_retry = 0 still means no retry at all.
+  const bool transient = plan::fresh_endpoint_may_help(e) || connect_timed_out;
+  if (!retriable || cfg_.max_retry == 0 || s.rails == nullptr || (s.retries >= cfg_.max_retry && !transient) ||
+      !detail::retry_timer::before_deadline(s, std::chrono::nanoseconds{0})) {
     detail::retire_wr(s, e);
     return;
   }
-  ++s.retries;
-  detail::note_retry(t);
   const auto* seg = static_cast<const remote_segment*>(t.keep_alive.get());
   const remote_buffer& pb = seg->buffers[s.peer_buffer];
   const plan::rail failed{s.local_device, s.peer_device, false};
@@ -257,13 +275,8 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   bool found = false;
   // Not the rail's fault (eviction, a flushed victim, a remote access error) and the
   // rail still healthy: the same rail again.  Otherwise never the rail that failed.
-  auto same_rail_again = [&] {
-    s.charged = &loads_[s.local_device];
-    s.charged->dispatched(s.length, now_us * 1000);
-    dispatch_one(s);
-  };
   if (!plan::counts_against_rail(e) && s.rail != nullptr && s.rail->healthy() && contexts_[s.local_device]->active()) {
-    same_rail_again();
+    retry_on_same_rail(s, e);
     return;
   }
   {
@@ -275,20 +288,71 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
       if (found) bind_rail(s, *lb, *seg, pb, next, now_us * 1000);
     }
   }
-  if (!found && plan::fresh_endpoint_may_help(e) && contexts_[s.local_device]->active()) {
+  if (!found && transient && contexts_[s.local_device]->active()) {
     // No other rail: the failed one once more, on the fresh endpoint the
     // lane makes (the failed one was retired with its QPs).
-    TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries)
+    TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries) + 1
                             << " on the same rail: no other rail reaches " << *s.peer_path);
-    same_rail_again();
+    retry_on_same_rail(s, e);
     return;
   }
   if (!found) {
     detail::retire_wr(s, e);
     return;
   }
+  count_retry(s);
   TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries) << " on "
                           << contexts_[next.local]->name() << " -> " << *s.peer_path << (next.probe ? " (probe)" : ""));
+  dispatch_one(s);
+}
+
+template <class P>
+void rdma_transport<P>::count_retry(detail::slice& s) noexcept {
+  // Saturates: past max_retry a transient failure retries until the
+  // deadline, which may be more than 255 rounds.
+  if (s.retries != std::numeric_limits<decltype(s.retries)>::max()) ++s.retries;
+  detail::note_retry(*s.task);
+}
+
+template <class P>
+void rdma_transport<P>::retry_on_same_rail(detail::slice& s, errc e) noexcept {
+  const std::chrono::nanoseconds delay = retry_timer_.backoff().delay(s.retries);
+  // Counted before the park: once parked, the slice is the timer's.
+  const std::uint8_t retries_before = s.retries;
+  count_retry(s);
+  if (delay.count() == 0) {
+    resume_parked(s, e);
+    return;
+  }
+  detail::task_state& t = *s.task;
+  switch (retry_timer_.park(s, e, delay)) {
+    case detail::retry_timer::park_result::parked: return;
+    case detail::retry_timer::park_result::past_deadline:
+    case detail::retry_timer::park_result::stopped:
+    case detail::retry_timer::park_result::closed:
+    case detail::retry_timer::park_result::no_resources: break;
+  }
+  // Not retried after all: the counts say so.
+  s.retries = retries_before;
+  t.retries.fetch_sub(1, std::memory_order_relaxed);
+  const errc why = detail::should_drop(s);
+  detail::retire_wr(s, why != errc::ok ? why : e);
+}
+
+template <class P>
+void rdma_transport<P>::resume_parked(detail::slice& s, errc e) noexcept {
+  if (stopping_.load(std::memory_order_acquire)) [[unlikely]] {
+    detail::retire_wr(s, e);
+    return;
+  }
+  // Its NIC went away while it waited: that is a failure of its own (the
+  // rail learns it; another rail may take the slice).
+  if (!contexts_[s.local_device]->active()) [[unlikely]] {
+    on_failed(s, errc::context_inactive);
+    return;
+  }
+  s.charged = &loads_[s.local_device];
+  s.charged->dispatched(s.length, detail::steady_now_ns());
   dispatch_one(s);
 }
 

@@ -94,15 +94,21 @@ struct rail_health_config {
 }
 
 /// Whether a slice that failed with `e` on the only rail to its peer is
-/// worth one more try there on a fresh endpoint: the QP died while the
-/// peer process lives on (it re-handshook with new QPs, or restarted
-/// quickly), or the WR was flushed with such a QP.  A fresh endpoint starts
-/// with a handshake, so a peer that is gone fails that with
+/// worth another try there on a fresh endpoint: the failure is transient
+/// while the peer process lives on.  No ACK came (a loss burst, the peer
+/// re-handshook with new QPs or restarted quickly), the peer's responder
+/// rejected the request (remote_operation_error: under Soft-RoCE drops a
+/// stale or out-of-sequence request gets IBV_WC_REM_INV_REQ_ERR, issue 17
+/// item 7), the QP went bad, or the WR was flushed with such a QP (a
+/// victim of the same outage).  Either kind leaves the QP in error, so the
+/// retry needs the fresh endpoint anyway.  The transport retries these with
+/// backoff until the task's deadline (detail/retry_timer.hpp).  A fresh
+/// endpoint starts with a handshake, so a peer that is gone fails that with
 /// peer_unreachable, which is not in this list: the slice then fails at
-/// once instead of using up its retries.
+/// once instead of waiting for its deadline.
 [[nodiscard]] constexpr bool fresh_endpoint_may_help(errc e) noexcept {
   return e == errc::transport_retry_exceeded || e == errc::rnr_retry_exceeded || e == errc::qp_state_error ||
-         e == errc::work_request_flushed;
+         e == errc::work_request_flushed || e == errc::remote_operation_error;
 }
 
 /// What a rail looks like right now (stats, tests).
