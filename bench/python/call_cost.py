@@ -3,10 +3,10 @@
   /usr/bin/python3 bench/python/call_cost.py [--iters N]
 
 tide.TransferEngine.transfer_sync_write / transfer_sync_read of 4 KiB, with the native engine's
-transfer() answered at once by a stand-in that returns a COMPLETED batch: what is left is the
-module's Python work per call (argument checks, the segment lookup, the request tuple, the
-deadline, decoding the outcome) and the cost of one pybind11 call beside it. The end-to-end
-latency over RDMA is bench/python-module's row; this isolates the part Python adds to it.
+transfer_named() answered at once by a stand-in that reports a COMPLETED batch: what is left is
+the module's Python work per call (the engine check, the argument tuples, the outcome) and the
+cost of one pybind11 call beside it. The end-to-end latency over RDMA is bench/python-module's
+row; this isolates the part Python adds to it.
 """
 import argparse
 import json
@@ -24,8 +24,8 @@ from tide import _tide  # noqa: E402
 class CompletedEngine:
     """Answers transfer() as the native engine does for a batch that completed."""
 
-    def transfer(self, requests, timeout, notify=None):
-        return (2, sum(r[5] for r in requests), 0, "", "", False)
+    def transfer_named(self, segment, opcode, buffers, peer_addresses, lengths, base_timeout, per_byte, notify=None):
+        return None
 
     def close(self):
         pass
@@ -47,7 +47,6 @@ def main():
     a = ap.parse_args()
     te = tide.TransferEngine()
     te._engine = CompletedEngine()
-    te._segments["127.0.0.1:15000"] = 0
     out = {}
     for name in ("transfer_sync_write", "transfer_sync_read"):
         call = getattr(te, name)

@@ -10,6 +10,7 @@
 #include "completion.hpp"
 #include "engine_iface.hpp"
 #include "errors.hpp"
+#include "mooncake_calls.hpp"
 
 #include <tide/topology/hca.hpp>
 #include <tide/topology/priority_matrix.hpp>
@@ -33,22 +34,9 @@ struct core {
   std::unique_ptr<engine_iface> engine;
   std::mutex mu;  ///< guards queues
   std::vector<std::shared_ptr<completion_queue>> queues;
+  named_segments segments;  ///< tide.TransferEngine's, by name
   ~core() { engine.reset(); }
 };
-
-/// Waits from Python run in slices of at most this, with a signal check
-/// (Ctrl-C) between them.
-constexpr milliseconds kWaitSlice{100};
-
-/// The time `seconds` from now (0 .. 1e9 s).
-steady_clock::time_point deadline_in(double seconds) {
-  return steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(std::clamp(seconds, 0.0, 1e9)));
-}
-
-/// The next slice of a wait until `deadline`: 0 .. kWaitSlice.
-milliseconds next_slice(steady_clock::time_point deadline) {
-  return std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(0), kWaitSlice);
-}
 
 void* as_pointer(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }  // NOLINT(performance-no-int-to-ptr)
 
@@ -59,7 +47,6 @@ pyb::tuple status_tuple(const engine_iface& e, const transfer_status& s) {
 }
 
 using request_tuple = std::tuple<int, std::uintptr_t, segment_id, std::int64_t, std::uint64_t, std::size_t>;
-using note_tuple = std::pair<std::string, std::string>;  ///< (sender, message)
 
 class py_engine {
  public:
@@ -172,7 +159,7 @@ class py_engine {
   /// task of this submit COMPLETED, never if one failed (tide::notification).
   void submit(batch_id b, const std::vector<request_tuple>& requests, const std::optional<note_tuple>& notify) {
     std::vector<transfer_request> reqs = to_requests(requests);
-    unwrap(call([&](engine_iface& e) { return submit_to(e, b, reqs, notify); }));
+    unwrap(call([&](engine_iface& e) { return submit_with(e, b, reqs, notify); }));
   }
   /// A whole synchronous batch in one call (what Mooncake's transfer_sync*
   /// do): allocate, submit, wait until every task is final, free.  One GIL
@@ -183,43 +170,68 @@ class py_engine {
   pyb::tuple transfer(const std::vector<request_tuple>& requests, double timeout_s,
                       const std::optional<note_tuple>& notify) {
     std::vector<transfer_request> reqs = to_requests(requests);
+    const batch_outcome out = run_now(reqs, deadline_in(timeout_s), notify);
+    return outcome_tuple(out);
+  }
+  /// transfer() for tide.TransferEngine: Mooncake's arguments as they come
+  /// (the target segment's name, three lists of integers, 0 read / 1
+  /// write), the segment opened on first use and kept, the requests built
+  /// here.  The deadline is Mooncake's: base_s + per_byte_s x the bytes.
+  /// None when every request completed; else (state, bytes, reason, device,
+  /// path, timed_out, timeout_s).
+  pyb::object transfer_named(const std::string& segment, int op, const pyb::handle& locals, const pyb::handle& remotes,
+                             const pyb::handle& lengths, double base_s, double per_byte_s,
+                             const std::optional<note_tuple>& notify) {
+    const transfer_op o = opcode_of(op);
+    const address_lists lists = read_address_lists(locals, remotes, lengths);
+    if (lists.size() == 0) return pyb::none();
+    const double timeout_s = base_s + per_byte_s * static_cast<double>(lists.total_bytes());
     std::shared_ptr<core> c = live();
-    const auto deadline = deadline_in(timeout_s);
-    transfer_status s;
-    std::string device;
-    bool timed_out = false, interrupted = false;
-    error failure;
+    batch_outcome out;
     {
       pyb::gil_scoped_release nogil;
-      engine_iface& e = *c->engine;
-      auto b = e.allocate_batch(reqs.size());
-      if (!b) failure = std::move(b.error());
-      else if (auto r = submit_to(e, *b, reqs, notify); !r) failure = std::move(r.error());
-      while (b && failure.code == errc::ok) {
-        auto r = e.wait(*b, next_slice(deadline));
-        if (r) break;
-        if (r.error().code != errc::timed_out) {
-          failure = std::move(r.error());
-        } else if (steady_clock::now() >= deadline) {
-          timed_out = true;
-        } else {
-          pyb::gil_scoped_acquire gil;
-          interrupted = PyErr_CheckSignals() != 0;
-        }
-        if (timed_out || interrupted) break;
-      }
-      if (b) {
-        if (timed_out || interrupted || failure.code != errc::ok) drain(e, *b);
-        s = e.batch_status(*b).value_or(transfer_status{});
-        if (s.failed_local_device != kNoDevice) device = e.device_name(s.failed_local_device);
-        if (auto r = e.free_batch(*b); !r && failure.code == errc::ok) failure = std::move(r.error());
+      if (auto seg = c->segments.open(*c->engine, segment); !seg) {
+        out.failure = std::move(seg.error());
+      } else {
+        const auto reqs = lists.requests(o, *seg);
+        out = run_batch(*c->engine, reqs, deadline_in(timeout_s), notify);
       }
       c.reset();  // may be the last reference after a close(): torn down here, without the GIL
     }
-    if (interrupted) throw pyb::error_already_set();
-    if (failure.code != errc::ok) raise(std::move(failure));
-    return pyb::make_tuple(static_cast<int>(s.state), s.transferred_bytes, static_cast<int>(s.reason), device,
-                           std::string(s.failed_peer_path), timed_out);
+    if (out.interrupted) throw pyb::error_already_set();
+    if (out.failure.code != errc::ok) raise(std::move(out.failure));
+    if (out.status.state == transfer_state::completed && !out.timed_out) return pyb::none();
+    return pyb::make_tuple(static_cast<int>(out.status.state), out.status.transferred_bytes,
+                           static_cast<int>(out.status.reason), out.device, std::string(out.status.failed_peer_path),
+                           out.timed_out, timeout_s);
+  }
+  /// allocate + submit of Mooncake's arguments (as transfer_named's);
+  /// (batch id, bytes).  Nothing stays allocated when the submit fails.
+  pyb::tuple submit_named(const std::string& segment, int op, const pyb::handle& locals, const pyb::handle& remotes,
+                          const pyb::handle& lengths) {
+    const transfer_op o = opcode_of(op);
+    const address_lists lists = read_address_lists(locals, remotes, lengths);
+    std::shared_ptr<core> c = live();
+    result<batch_id> b = batch_id{0};
+    {
+      pyb::gil_scoped_release nogil;
+      b = open_and_submit(*c, segment, o, lists);
+      c.reset();  // may be the last reference after a close(): torn down here, without the GIL
+    }
+    const batch_id id = unwrap(std::move(b));
+    return pyb::make_tuple(id, lists.total_bytes());
+  }
+  /// The handle of the segment `name`, opened on first use and kept (the
+  /// one transfer_named and submit_named use).
+  segment_id named_segment(const std::string& name) {
+    std::shared_ptr<core> c = live();
+    result<segment_id> id = segment_id{};
+    {
+      pyb::gil_scoped_release nogil;
+      id = c->segments.open(*c->engine, name);
+      c.reset();  // may be the last reference after a close(): torn down here, without the GIL
+    }
+    return unwrap(std::move(id));
   }
   pyb::tuple task_status(batch_id b, std::size_t task) {
     std::shared_ptr<core> c = live();
@@ -399,18 +411,41 @@ class py_engine {
     }
     return reqs;
   }
-  static status submit_to(engine_iface& e, batch_id b, std::span<const transfer_request> reqs,
-                          const std::optional<note_tuple>& notify) {
-    if (!notify) return e.submit(b, reqs);
-    return e.submit(b, reqs, notification{notify->first, notify->second});
-  }
-  /// Cancels batch `b` and waits until its posted WRs complete or flush
-  /// (bounded by the QPs' retry timeout).  Without the GIL.
-  static void drain(engine_iface& e, batch_id b) {
-    (void)e.cancel(b);
-    while (!e.wait(b, kWaitSlice)) {
-      if (auto st = e.batch_status(b); !st) return;  // not a live batch (nothing submitted)
+  /// run_batch on the live engine, the GIL released; raises its failure.
+  batch_outcome run_now(std::span<const transfer_request> reqs, steady_clock::time_point deadline,
+                        const std::optional<note_tuple>& notify) {
+    std::shared_ptr<core> c = live();
+    batch_outcome out;
+    {
+      pyb::gil_scoped_release nogil;
+      out = run_batch(*c->engine, reqs, deadline, notify);
+      c.reset();  // may be the last reference after a close(): torn down here, without the GIL
     }
+    if (out.interrupted) throw pyb::error_already_set();
+    if (out.failure.code != errc::ok) raise(std::move(out.failure));
+    return out;
+  }
+  /// submit_named's work, without the GIL.
+  static result<batch_id> open_and_submit(core& c, const std::string& segment, transfer_op o,
+                                          const address_lists& lists) {
+    engine_iface& e = *c.engine;
+    auto seg = c.segments.open(e, segment);
+    if (!seg) return fail(seg.error());
+    auto b = e.allocate_batch(lists.size());
+    if (!b) return b;
+    if (auto r = e.submit(*b, lists.requests(o, *seg)); !r) {
+      if (!e.free_batch(*b)) {  // partly posted: let it drain first
+        drain(e, *b);
+        (void)free_when_retired(e, *b);
+      }
+      return fail(r.error());
+    }
+    return b;
+  }
+  static pyb::tuple outcome_tuple(const batch_outcome& out) {
+    return pyb::make_tuple(static_cast<int>(out.status.state), out.status.transferred_bytes,
+                           static_cast<int>(out.status.reason), out.device, std::string(out.status.failed_peer_path),
+                           out.timed_out);
   }
   std::shared_ptr<core> live() const {
     if (!core_) raise(error{errc::not_initialized, "the engine is closed"});
@@ -517,6 +552,17 @@ void init_engine(pyb::module_& m) {
            pyb::arg("notify") = pyb::none(),
            "allocate + submit + wait + free in one call without the GIL; a timed-out batch is canceled and drained "
            "first; notify as submit's.  Returns (state, bytes, reason, device, path, timed_out).")
+      .def("transfer_named", &py_engine::transfer_named, pyb::arg("segment"), pyb::arg("opcode"), pyb::arg("buffers"),
+           pyb::arg("peer_addresses"), pyb::arg("lengths"), pyb::arg("base_timeout"), pyb::arg("timeout_per_byte"),
+           pyb::arg("notify") = pyb::none(),
+           "transfer() with Mooncake's arguments: the segment by name (opened once, kept), opcode 0 read / 1 write, "
+           "equal-length lists of local addresses, peer addresses and lengths.  None when all completed; else "
+           "(state, bytes, reason, device, path, timed_out, timeout).")
+      .def("submit_named", &py_engine::submit_named, pyb::arg("segment"), pyb::arg("opcode"), pyb::arg("buffers"),
+           pyb::arg("peer_addresses"), pyb::arg("lengths"),
+           "allocate_batch + submit with transfer_named's arguments; (batch, bytes).")
+      .def("named_segment", &py_engine::named_segment, pyb::arg("name"),
+           "The handle of segment `name`, opened on first use and kept open (transfer_named's).")
       .def("task_status", &py_engine::task_status, pyb::arg("batch"), pyb::arg("task"))
       .def("batch_status", &py_engine::batch_status, pyb::arg("batch"))
       .def("wait", &py_engine::wait, pyb::arg("batch"), pyb::arg("timeout"))

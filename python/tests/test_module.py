@@ -66,6 +66,24 @@ def test_calls_before_initialize_return_their_sentinel():
         te.read_bytes_from_buffer(4096, 16)
 
 
+def test_transfers_before_initialize_check_their_lists_first():
+    te = tide.TransferEngine()
+    # Mooncake's order: the lists are checked before anything else, an empty batch is done at once.
+    assert te.batch_transfer_sync_write("127.0.0.1:15000", [4096, 8192], [4096], [16]) == -1
+    assert "unequal length (2, 1, 1)" in te.last_error
+    assert te.batch_transfer_sync_read("127.0.0.1:15000", [], [], []) == 0
+    assert te.batch_transfer_async_read("127.0.0.1:15000", [4096], [], [16]) == 0
+    assert "unequal length" in te.last_error
+    assert te.batch_transfer_async_write("127.0.0.1:15000", [], [], []) == 0
+    assert "no requests" in te.last_error
+    assert te.transfer_sync("127.0.0.1:15000", 4096, 4096, 16, tide.Read) == -1
+    assert "initialize" in te.last_error
+    assert te.transfer_sync("127.0.0.1:15000", 4096, 4096, 16, 7) == -1  # no engine: the sentinel before the opcode
+    assert te.batch_transfer_sync("127.0.0.1:15000", [4096], [4096], [16], tide.Write) == -1
+    assert te.batch_transfer_async("127.0.0.1:15000", [4096], [4096], [16], tide.Read) == 0
+    assert "initialize" in te.last_error
+
+
 def test_positional_only_and_types():
     te = tide.TransferEngine()
     with pytest.raises(TypeError):

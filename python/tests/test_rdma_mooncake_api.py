@@ -198,3 +198,40 @@ def test_stale_repeated_and_zero_batch_ids(prefill, decode):
     b2 = prefill.batch_transfer_async_write(seg, addrs[1:], remote[1:], [BLOCK])
     assert prefill.get_batch_transfer_status([b2, b2]) == -1  # the repeat is refused, the batch still waited and freed
     assert prefill.transfer_check_status(b2) == -1
+
+
+@pytest.mark.skipif(MODULE != "tide", reason="tide's native entry point under tide.TransferEngine")
+def test_named_transfer_bad_input(prefill, decode):
+    seg, remote = decode.hello["segment"], decode.hello["blocks"]
+    arena, addrs = kv_blocks(prefill, n=2, seed=21)
+    loose = np.zeros(BLOCK, dtype=np.uint8)
+    # Every sync and async variant: unequal lists, an unregistered address, an unknown segment.
+    for call, bad in ((prefill.batch_transfer_sync_read, -1), (prefill.batch_transfer_async_read, 0)):
+        assert call(seg, addrs, remote[:2], [BLOCK]) == bad
+        assert "unequal length" in prefill.last_error
+        assert call(seg, [loose.ctypes.data], remote[:1], [BLOCK]) == bad
+        assert call("127.0.0.1:1", addrs[:1], remote[:1], [BLOCK]) == bad
+    assert prefill.transfer_sync_read(seg, loose.ctypes.data, remote[0], BLOCK) == -1
+    assert prefill.transfer_submit_write("127.0.0.1:1", addrs[0], remote[0], BLOCK) == 0
+    with pytest.raises(TypeError, match="opcode"):
+        prefill.transfer_sync(seg, addrs[0], remote[0], BLOCK, 1)  # a plain int, refused as Mooncake does
+    # The native call itself: a segment opened once and kept; its own argument errors.
+    native = prefill._engine
+    assert native.named_segment(seg) == native.named_segment(seg)
+    assert native.transfer_named(seg, 1, addrs[:1], remote[:1], [BLOCK], 5.0, 0.0) is None
+    assert native.transfer_named(seg, 1, [], [], [], 5.0, 0.0) is None
+    with pytest.raises(ValueError, match="unequal length"):
+        native.transfer_named(seg, 1, addrs, remote[:1], [BLOCK], 5.0, 0.0)
+    with pytest.raises(ValueError, match="opcode"):
+        native.transfer_named(seg, 2, addrs[:1], remote[:1], [BLOCK], 5.0, 0.0)
+    with pytest.raises(TypeError, match="lengths"):
+        native.transfer_named(seg, 1, addrs[:1], remote[:1], [-1], 5.0, 0.0)
+    with pytest.raises(TypeError, match="buffers"):
+        native.transfer_named(seg, 1, [float(addrs[0])], remote[:1], [BLOCK], 5.0, 0.0)
+    with pytest.raises(TypeError, match="sequence"):
+        native.submit_named(seg, 1, addrs[0], remote[0], BLOCK)
+    bid, nbytes = native.submit_named(seg, 0, addrs, remote[:2], [BLOCK, BLOCK])
+    assert nbytes == 2 * BLOCK
+    native.wait(bid, 5.0)
+    assert native.batch_status(bid)[0] == 2  # COMPLETED
+    native.free_batch(bid)

@@ -108,8 +108,6 @@ class TransferEngine:
         self._engine: Optional[_tide.Engine] = None
         self._timeout = _base_timeout_s()
         self._lock = threading.Lock()  # segments, managed buffers, async ids; never held across a C++ call
-        self._segments: Dict[str, int] = {}
-        self._segment_locks: Dict[str, threading.Lock] = {}
         self._managed: Dict[int, mmap.mmap] = {}
         self._registered: Dict[int, int] = {}  # base address -> length (for the bytes-to-buffer range checks)
         self._async: Dict[int, Tuple[float, int]] = {}  # batch id -> (submitted, bytes)
@@ -284,117 +282,98 @@ class TransferEngine:
         return _tide.copy_out(int(source_address), int(length))
 
     # ---- segments ----
-    def _segment(self, target_hostname: str) -> int:
-        handle = self._segments.get(target_hostname)  # the hot path: one dict read (atomic; writers hold _lock)
-        if handle is not None and self._engine is not None:
-            return handle
-        engine = self._need("transfer")
-        with self._lock:
-            handle = self._segments.get(target_hostname)
-            if handle is not None:
-                return handle
-            lock = self._segment_locks.setdefault(target_hostname, threading.Lock())
-        with lock:  # one open per name; other names are not held up
-            with self._lock:
-                handle = self._segments.get(target_hostname)
-            if handle is None:
-                handle = engine.open_segment(target_hostname)
-                with self._lock:
-                    self._segments[target_hostname] = handle
-        return handle
-
     def get_first_buffer_address(self, segment_name: str, /) -> int:
         """The address of the segment's first registered buffer, or 0.  Opens
         the segment (kept open for the transfers that follow, as they would)."""
+        engine = self._engine
+        if engine is None:
+            return self._fail("get_first_buffer_address: call initialize() first", 0)
         try:
-            _, buffers = self._need("get_first_buffer_address").segment_buffers(self._segment(segment_name))
-        except (TideError, _NotInitialized) as e:
+            _, buffers = engine.segment_buffers(engine.named_segment(segment_name))
+        except TideError as e:
             return self._fail(e, 0)
         return buffers[0][0] if buffers else 0
 
     # ---- transfers ----
-    def _requests(self, target_hostname, buffers, peer_addresses, lengths, opcode):
-        handle = self._segment(target_hostname)
-        op = int(_opcode(opcode))
-        return [(op, int(b), handle, -1, int(p), int(n)) for b, p, n in zip(buffers, peer_addresses, lengths)]
+    # Each is one native call (transfer_named / submit_named): the segment is
+    # looked up by name, the requests built and the batch run there, the GIL
+    # released for all of it.  Python only maps the outcome to Mooncake's sentinels.
+    def _sync(self, method, target_hostname, buffers, peer_addresses, lengths, op, notify) -> int:
+        engine = self._engine
+        if engine is None:
+            return self._fail(f"{method}: call initialize() first")
+        # The notification rides with the transfer: the target gets it after
+        # every byte is there, never when a request failed.
+        note = None if notify is None else (notify.name, notify.msg)
+        try:
+            failed = engine.transfer_named(target_hostname, op, buffers, peer_addresses, lengths, self._timeout,
+                                           _WRITE_TIMEOUT_PER_BYTE_S, note)
+        except TideError as e:
+            return self._fail(f"{method}: {e}")
+        if failed is None:
+            return 0
+        return self._fail(f"{method}: {_outcome(failed[:5], failed[6], failed[5])}")
 
-    def _run_sync(self, method, target_hostname, buffers, peer_addresses, lengths, opcode, notify) -> int:
+    def _sync_lists(self, method, target_hostname, buffers, peer_addresses, lengths, opcode, notify) -> int:
         if not (len(buffers) == len(peer_addresses) == len(lengths)):
             return self._fail(f"{method}: lists of unequal length ({len(buffers)}, {len(peer_addresses)}, "
                               f"{len(lengths)})")
         if not buffers:
             return 0
-        try:
-            engine = self._need(method)
-            requests = self._requests(target_hostname, buffers, peer_addresses, lengths, opcode)
-        except (TideError, _NotInitialized) as e:
-            return self._fail(f"{method}: {e}")
-        deadline = self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * sum(map(int, lengths))
-        # The notification rides with the transfer: the target gets it after
-        # every byte is there, never when a request failed.
-        note = None if notify is None else (notify.name, notify.msg)
-        try:
-            # allocate, submit, wait, free: one call, one GIL release
-            *status, timed_out = engine.transfer(requests, deadline, note)
-        except TideError as e:
-            return self._fail(f"{method}: {e}")
-        state = _outcome(status, deadline, timed_out)
-        if state != "ok":
-            return self._fail(f"{method}: {state}")
-        return 0
+        if self._engine is None:
+            return self._fail(f"{method}: call initialize() first")
+        op = opcode if opcode is Write or opcode is Read else _opcode(opcode)
+        return self._sync(method, target_hostname, buffers, peer_addresses, lengths, int(op), notify)
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                             transport_hint: str = "") -> int:
-        return self._run_sync("transfer_sync_write", target_hostname, [buffer], [peer_buffer_address], [length],
-                              Write, None)
+        return self._sync("transfer_sync_write", target_hostname, (buffer,), (peer_buffer_address,), (length,), 1,
+                          None)
 
     def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                            transport_hint: str = "") -> int:
-        return self._run_sync("transfer_sync_read", target_hostname, [buffer], [peer_buffer_address], [length],
-                              Read, None)
+        return self._sync("transfer_sync_read", target_hostname, (buffer,), (peer_buffer_address,), (length,), 0,
+                          None)
 
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                       opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
                       transport_hint: str = "") -> int:
-        return self._run_sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address], [length], opcode,
-                              notify)
+        return self._sync_lists("transfer_sync", target_hostname, (buffer,), (peer_buffer_address,), (length,),
+                                opcode, notify)
 
     def batch_transfer_sync_write(self, target_hostname: str, buffers: Sequence[int],
                                   peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                                   transport_hint: str = "") -> int:
-        return self._run_sync("batch_transfer_sync_write", target_hostname, buffers, peer_buffer_addresses, lengths,
-                              Write, None)
+        return self._sync_lists("batch_transfer_sync_write", target_hostname, buffers, peer_buffer_addresses,
+                                lengths, Write, None)
 
     def batch_transfer_sync_read(self, target_hostname: str, buffers: Sequence[int],
                                  peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                                  transport_hint: str = "") -> int:
-        return self._run_sync("batch_transfer_sync_read", target_hostname, buffers, peer_buffer_addresses, lengths,
-                              Read, None)
+        return self._sync_lists("batch_transfer_sync_read", target_hostname, buffers, peer_buffer_addresses,
+                                lengths, Read, None)
 
     def batch_transfer_sync(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
                             lengths: Sequence[int], opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
                             transport_hint: str = "") -> int:
-        return self._run_sync("batch_transfer_sync", target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
-                              notify)
+        return self._sync_lists("batch_transfer_sync", target_hostname, buffers, peer_buffer_addresses, lengths,
+                                opcode, notify)
 
     def _submit_async(self, method, target_hostname, buffers, peer_addresses, lengths, opcode) -> int:
         if not (len(buffers) == len(peer_addresses) == len(lengths)):
             return self._fail(f"{method}: lists of unequal length", 0)
         if not buffers:
             return self._fail(f"{method}: no requests", 0)
+        engine = self._engine
+        if engine is None:
+            return self._fail(f"{method}: call initialize() first", 0)
+        op = int(opcode if opcode is Write or opcode is Read else _opcode(opcode))
         try:
-            engine = self._need(method)
-            requests = self._requests(target_hostname, buffers, peer_addresses, lengths, opcode)
-            bid = engine.allocate_batch(len(requests))
-        except (TideError, _NotInitialized) as e:
-            return self._fail(f"{method}: {e}", 0)
-        try:
-            engine.submit(bid, requests)
+            bid, nbytes = engine.submit_named(target_hostname, op, buffers, peer_addresses, lengths)
         except TideError as e:
-            engine.free_batch(bid)
             return self._fail(f"{method}: {e}", 0)
         with self._lock:
-            self._async[bid] = (time.monotonic(), sum(int(n) for n in lengths))
+            self._async[bid] = (time.monotonic(), nbytes)
         return bid
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
@@ -417,8 +396,8 @@ class TransferEngine:
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                               transport_hint: str = "") -> int:
         """A WRITE without waiting: its batch id, or 0."""
-        return self._submit_async("transfer_submit_write", target_hostname, [buffer], [peer_buffer_address], [length],
-                                  Write)
+        return self._submit_async("transfer_submit_write", target_hostname, (buffer,), (peer_buffer_address,),
+                                  (length,), Write)
 
     def _take_async(self, batch_id: int) -> Optional[Tuple[float, int]]:
         with self._lock:

@@ -1,0 +1,151 @@
+#include "mooncake_calls.hpp"
+
+#include <numeric>
+#include <string>
+#include <thread>
+
+namespace tide::py {
+namespace pyb = pybind11;
+using namespace std::chrono;
+
+result<segment_id> named_segments::open(engine_iface& e, const std::string& name) {
+  std::shared_ptr<entry> slot;
+  {
+    std::lock_guard lock(mu_);
+    auto& s = by_name_[name];
+    if (!s) s = std::make_shared<entry>();
+    if (s->id) return *s->id;
+    slot = s;
+  }
+  std::lock_guard opening(slot->opening);
+  {
+    std::lock_guard lock(mu_);
+    if (slot->id) return *slot->id;  // opened by the thread this one queued behind
+  }
+  auto id = e.open_segment(name);
+  if (!id) return fail(id.error());  // not cached: the next call tries again
+  std::lock_guard lock(mu_);
+  slot->id = *id;
+  return *id;
+}
+
+namespace {
+
+/// The integers of one sequence; `what` names it in errors.
+template <class T>
+std::vector<T> integers(pyb::handle seq, const char* what) {
+  PyObject* fast = PySequence_Fast(seq.ptr(), what);
+  if (fast == nullptr) {
+    PyErr_Clear();
+    throw pyb::type_error(std::string(what) + " must be a sequence of int, got " +
+                          std::string(Py_TYPE(seq.ptr())->tp_name));
+  }
+  const pyb::object owner = pyb::reinterpret_steal<pyb::object>(fast);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  std::vector<T> out(static_cast<std::size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    // PyNumber_Index, not int(): a float or a str is a mistake here, as in pybind11's (and Mooncake's) conversion.
+    PyObject* index = PyNumber_Index(items[i]);
+    unsigned long long v = 0;
+    if (index != nullptr) {
+      v = PyLong_AsUnsignedLongLong(index);
+      Py_DECREF(index);
+    }
+    if (PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      throw pyb::type_error(std::string(what) + "[" + std::to_string(i) + "] must be an int in 0 .. 2**64-1, got " +
+                            pyb::repr(items[i]).cast<std::string>());
+    }
+    out[static_cast<std::size_t>(i)] = static_cast<T>(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+address_lists read_address_lists(pyb::handle locals, pyb::handle remotes, pyb::handle lengths) {
+  address_lists a{integers<std::uintptr_t>(locals, "buffers"), integers<std::uintptr_t>(remotes, "peer addresses"),
+                  integers<std::size_t>(lengths, "lengths")};
+  if (a.remote.size() != a.local.size() || a.length.size() != a.local.size())
+    throw pyb::value_error("lists of unequal length (" + std::to_string(a.local.size()) + ", " +
+                           std::to_string(a.remote.size()) + ", " + std::to_string(a.length.size()) + ")");
+  return a;
+}
+
+std::uint64_t address_lists::total_bytes() const noexcept {
+  return std::accumulate(length.begin(), length.end(), std::uint64_t{0});
+}
+
+std::vector<transfer_request> address_lists::requests(transfer_op op, segment_id target) const {
+  std::vector<transfer_request> reqs;
+  reqs.reserve(size());
+  for (std::size_t i = 0; i < size(); ++i)
+    reqs.push_back(transfer_request::at_address(op, reinterpret_cast<void*>(local[i]),  // NOLINT(performance-no-int-to-ptr)
+                                                target, remote[i], length[i]));
+  return reqs;
+}
+
+transfer_op opcode_of(int op) {
+  if (op != 0 && op != 1) throw pyb::value_error("opcode must be 0 (read) or 1 (write), got " + std::to_string(op));
+  return op == 0 ? transfer_op::read : transfer_op::write;
+}
+
+status submit_with(engine_iface& e, batch_id b, std::span<const transfer_request> reqs,
+                   const std::optional<note_tuple>& notify) {
+  if (!notify) return e.submit(b, reqs);
+  return e.submit(b, reqs, notification{notify->first, notify->second});
+}
+
+void drain(engine_iface& e, batch_id b) {
+  (void)e.cancel(b);
+  while (!e.wait(b, kWaitSlice)) {
+    if (auto st = e.batch_status(b); !st) return;  // not a live batch (nothing submitted)
+  }
+}
+
+status free_when_retired(engine_iface& e, batch_id b) {
+  // A task turns final with its last slice's completion, and that slice
+  // leaves the in-flight count a moment later: a free in that moment is
+  // batch_busy though nothing is left to wait for.  Bounded, as a slice
+  // still posted (after a cancel) retires within the QP's retry timeout.
+  const auto give_up = steady_clock::now() + seconds(10);
+  for (std::uint32_t k = 0;; ++k) {
+    auto r = e.free_batch(b);
+    if (r || r.error().code != errc::batch_busy || steady_clock::now() >= give_up) return r;
+    if (auto st = e.batch_status(b); !st || st->state == transfer_state::pending) return r;
+    if (k < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(microseconds(50));
+  }
+}
+
+batch_outcome run_batch(engine_iface& e, std::span<const transfer_request> reqs, steady_clock::time_point deadline,
+                        const std::optional<note_tuple>& notify) {
+  batch_outcome out;
+  auto b = e.allocate_batch(reqs.size());
+  if (!b) {
+    out.failure = std::move(b.error());
+    return out;
+  }
+  if (auto r = submit_with(e, *b, reqs, notify); !r) out.failure = std::move(r.error());
+  while (out.failure.code == errc::ok) {
+    auto r = e.wait(*b, next_slice(deadline));
+    if (r) break;
+    if (r.error().code != errc::timed_out) {
+      out.failure = std::move(r.error());
+    } else if (steady_clock::now() >= deadline) {
+      out.timed_out = true;
+    } else {
+      pyb::gil_scoped_acquire gil;
+      out.interrupted = PyErr_CheckSignals() != 0;
+    }
+    if (out.timed_out || out.interrupted) break;
+  }
+  if (out.timed_out || out.interrupted || out.failure.code != errc::ok) drain(e, *b);
+  out.status = e.batch_status(*b).value_or(transfer_status{});
+  if (out.status.failed_local_device != kNoDevice) out.device = e.device_name(out.status.failed_local_device);
+  if (auto r = free_when_retired(e, *b); !r && out.failure.code == errc::ok) out.failure = std::move(r.error());
+  return out;
+}
+
+}  // namespace tide::py
