@@ -436,7 +436,7 @@ class py_engine {
     if (auto r = e.submit(*b, lists.requests(o, *seg)); !r) {
       if (!e.free_batch(*b)) {  // partly posted: let it drain first
         drain(e, *b);
-        (void)free_when_retired(e, *b);
+        (void)e.free_batch(*b);
       }
       return fail(r.error());
     }

@@ -2,7 +2,6 @@
 
 #include <numeric>
 #include <string>
-#include <thread>
 
 namespace tide::py {
 namespace pyb = pybind11;
@@ -104,21 +103,6 @@ void drain(engine_iface& e, batch_id b) {
   }
 }
 
-status free_when_retired(engine_iface& e, batch_id b) {
-  // A task turns final with its last slice's completion, and that slice
-  // leaves the in-flight count a moment later: a free in that moment is
-  // batch_busy though nothing is left to wait for.  Bounded, as a slice
-  // still posted (after a cancel) retires within the QP's retry timeout.
-  const auto give_up = steady_clock::now() + seconds(10);
-  for (std::uint32_t k = 0;; ++k) {
-    auto r = e.free_batch(b);
-    if (r || r.error().code != errc::batch_busy || steady_clock::now() >= give_up) return r;
-    if (auto st = e.batch_status(b); !st || st->state == transfer_state::pending) return r;
-    if (k < 64) std::this_thread::yield();
-    else std::this_thread::sleep_for(microseconds(50));
-  }
-}
-
 batch_outcome run_batch(engine_iface& e, std::span<const transfer_request> reqs, steady_clock::time_point deadline,
                         const std::optional<note_tuple>& notify) {
   batch_outcome out;
@@ -144,7 +128,7 @@ batch_outcome run_batch(engine_iface& e, std::span<const transfer_request> reqs,
   if (out.timed_out || out.interrupted || out.failure.code != errc::ok) drain(e, *b);
   out.status = e.batch_status(*b).value_or(transfer_status{});
   if (out.status.failed_local_device != kNoDevice) out.device = e.device_name(out.status.failed_local_device);
-  if (auto r = free_when_retired(e, *b); !r && out.failure.code == errc::ok) out.failure = std::move(r.error());
+  if (auto r = e.free_batch(*b); !r && out.failure.code == errc::ok) out.failure = std::move(r.error());
   return out;
 }
 

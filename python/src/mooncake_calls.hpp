@@ -83,10 +83,6 @@ struct address_lists {
 /// (bounded by the QPs' retry timeout).  Without the GIL.
 void drain(engine_iface& e, batch_id b);
 
-/// free_batch, waiting out the last slices of a batch whose tasks are all
-/// final.  Without the GIL.
-[[nodiscard]] status free_when_retired(engine_iface& e, batch_id b);
-
 /// What run_batch saw.
 struct batch_outcome {
   transfer_status status;

@@ -468,7 +468,8 @@ class TransferEngine:
     def send_probe(self, peer_server_name: str) -> int:
         """0 when the peer's engine answers; -1 not initialized, -101 a name that
         does not parse, -102 nothing answers (or it refuses our secret), -103 it
-        answered something else.  Bounded by MC_HANDSHAKE_CONNECT_TIMEOUT (5 s)."""
+        answered something else, -200 no segment of that name is known (etcd/http).
+        Bounded by MC_HANDSHAKE_CONNECT_TIMEOUT (5 s)."""
         if self._engine is None:
             return self._fail("send_probe: call initialize() first")
         timeout = float(os.environ.get("MC_HANDSHAKE_CONNECT_TIMEOUT", "5") or 5)

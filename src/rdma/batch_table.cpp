@@ -124,10 +124,20 @@ status batch_table::free(batch_id id) noexcept {
   if (!still(*b, id)) return fail(describe(errc::unknown_batch, "free_batch: unknown batch ", id));
   expire(*b);
   // A task past its deadline (or canceled) is final once its posted WRs
-  // have retired: give them a moment, then report what is still out.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  // have retired: give them a moment, then report what is still out.  Once
+  // every task is final, what is still in flight are slices inside
+  // retire_slice, between their task's final state and their last touch of
+  // the batch: they leave within microseconds unless their thread is
+  // preempted, which on a loaded machine can outlast the moment (a free
+  // right after wait() was batch_busy, "0 task(s) unfinished, 1 slice(s) in
+  // flight"), so they get longer.
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + std::chrono::milliseconds(100);
+  const auto until_all_final = start + std::chrono::seconds(10);
   while (b->unfinished.load(std::memory_order_acquire) != 0 || b->inflight.load(std::memory_order_acquire) != 0) {
-    if (std::chrono::steady_clock::now() > until) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool all_final = b->unfinished.load(std::memory_order_acquire) == 0;
+    if (now > (all_final ? until_all_final : until)) {
       const std::size_t tasks = b->unfinished.load(std::memory_order_acquire);
       const std::size_t slices = b->inflight.load(std::memory_order_acquire);
       try {
