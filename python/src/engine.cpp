@@ -198,12 +198,9 @@ class py_engine {
       }
       c.reset();  // may be the last reference after a close(): torn down here, without the GIL
     }
-    if (out.interrupted) throw pyb::error_already_set();
-    if (out.failure.code != errc::ok) raise(std::move(out.failure));
+    raise_failure(out);
     if (out.status.state == transfer_state::completed && !out.timed_out) return pyb::none();
-    return pyb::make_tuple(static_cast<int>(out.status.state), out.status.transferred_bytes,
-                           static_cast<int>(out.status.reason), out.device, std::string(out.status.failed_peer_path),
-                           out.timed_out, timeout_s);
+    return outcome_tuple(out, timeout_s);
   }
   /// allocate + submit of Mooncake's arguments (as transfer_named's);
   /// (batch id, bytes).  Nothing stays allocated when the submit fails.
@@ -421,9 +418,14 @@ class py_engine {
       out = run_batch(*c->engine, reqs, deadline, notify);
       c.reset();  // may be the last reference after a close(): torn down here, without the GIL
     }
+    raise_failure(out);
+    return out;
+  }
+  /// What a run_batch that could not finish raises: the pending Python
+  /// error of an interrupt, else its failure.
+  static void raise_failure(batch_outcome& out) {
     if (out.interrupted) throw pyb::error_already_set();
     if (out.failure.code != errc::ok) raise(std::move(out.failure));
-    return out;
   }
   /// submit_named's work, without the GIL.
   static result<batch_id> open_and_submit(core& c, const std::string& segment, transfer_op o,
@@ -442,10 +444,18 @@ class py_engine {
     }
     return b;
   }
-  static pyb::tuple outcome_tuple(const batch_outcome& out) {
-    return pyb::make_tuple(static_cast<int>(out.status.state), out.status.transferred_bytes,
-                           static_cast<int>(out.status.reason), out.device, std::string(out.status.failed_peer_path),
-                           out.timed_out);
+  /// (state, bytes, reason, device, path, timed_out), and the timeout used
+  /// when given (transfer_named's).
+  static pyb::tuple outcome_tuple(const batch_outcome& out, std::optional<double> timeout_s = std::nullopt) {
+    pyb::list t;
+    t.append(static_cast<int>(out.status.state));
+    t.append(out.status.transferred_bytes);
+    t.append(static_cast<int>(out.status.reason));
+    t.append(out.device);
+    t.append(std::string(out.status.failed_peer_path));
+    t.append(out.timed_out);
+    if (timeout_s) t.append(*timeout_s);
+    return pyb::tuple(t);
   }
   std::shared_ptr<core> live() const {
     if (!core_) raise(error{errc::not_initialized, "the engine is closed"});
