@@ -2,7 +2,8 @@
 // real Soft-RoCE devices, every byte checked.
 //  - rails (NIC i reaches only the peer's NIC i): every request completes with
 //    each shipped path policy, both NICs carry bytes, and the rail-matching
-//    policies never try a cross rail.
+//    policies never try a cross rail; a submit over both NICs runs on as
+//    many lanes as on one, later submits rotate over them.
 //  - mesh, one link taken down mid-run (tide-vm-link): no request fails,
 //    traffic continues on the survivor; link up: the rail carries bytes again
 //    after its cooldown.
@@ -208,6 +209,45 @@ TEST_CASE("rails, 2 NICs per side: every request completes, both NICs carry byte
   SUBCASE("round_robin") { rails_case<round_robin_paths>(sides->first, sides->second, true); }
   // Classic's random peer NIC hits the cross rails; rail health pauses them and the slices retry on the matched rail.
   SUBCASE("mooncake_random") { rails_case<classic_paths>(sides->first, sides->second, false); }
+}
+
+// A submit spread over both NICs runs on num_qp_per_ep lanes in all, as on
+// one NIC (hardening issue item 8: where the CPU is the bottleneck every lane
+// more costs), and successive submits to one peer rotate over the lanes, so
+// none stays idle.
+TEST_CASE("rails, 2 NICs per side: a submit over both NICs uses num_qp_per_ep lanes in all; later submits rotate") {
+  const auto sides = two_nic_sides("rails");
+  if (!sides) return;
+  rig<tide::default_policies> r(sides->first, sides->second, 16u << 20);
+  auto& t = r.a->transport();
+  REQUIRE(t.context_count() == 2);
+  auto posted = [&] {
+    std::vector<std::uint64_t> v;
+    for (std::size_t c = 0; c < t.context_count(); ++c)
+      for (std::size_t l = 0; l < t.context(c).lanes().size(); ++l) v.push_back(t.context(c).lanes().at(l).posted_wrs());
+    return v;
+  };
+  const std::size_t lanes_per_nic = t.context(0).lanes().size();
+  REQUIRE(lanes_per_nic == 2);  // engine_config's default num_qp_per_ep
+  for (int i = 0; i < 8; ++i) {
+    const auto before = posted();
+    CHECK(r.round_trip(transfer_op::write, 0, 4u << 20, 1, 500 + i) == "");
+    const auto after = posted();
+    std::size_t lanes_used = 0, nics_used = 0;
+    for (std::size_t c = 0; c < 2; ++c) {
+      bool nic = false;
+      for (std::size_t l = 0; l < lanes_per_nic; ++l)
+        if (after[c * lanes_per_nic + l] > before[c * lanes_per_nic + l]) ++lanes_used, nic = true;
+      nics_used += nic ? 1 : 0;
+    }
+    INFO("submit " << i << ": " << lanes_used << " lanes on " << nics_used << " NICs");
+    CHECK(lanes_used <= lanes_per_nic);
+    CHECK(lanes_used >= nics_used);
+  }
+  std::ostringstream os;
+  for (const auto n : posted()) os << " " << n;
+  MESSAGE("WRs posted per lane (NIC 0's, then NIC 1's):" << os.str());
+  for (const auto n : posted()) CHECK(n > 0);
 }
 
 TEST_CASE("rails, 2 NICs per side: teardown with ~1000 WRs in flight leaves every task final, the engine goes") {

@@ -185,6 +185,8 @@ class lane final : public detail::notify_sink {
 
   void wake() noexcept { idle_->wake(); }
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  /// Data WRs this lane has posted (any thread may read).
+  [[nodiscard]] std::uint64_t posted_wrs() const noexcept { return posted_wrs_.load(std::memory_order_relaxed); }
   /// The lane's current CQ (any thread may compare it; only the lane polls it).
   [[nodiscard]] ibv_cq* native_cq() const noexcept { return native_cq_.load(std::memory_order_acquire); }
 
@@ -417,6 +419,7 @@ class lane final : public detail::notify_sink {
         cq_used_ += static_cast<std::uint32_t>(posted);
         if (was_idle) posted_.push_back(g.ep);  // keeps the endpoint while its ring is not empty
         ctx_.count_posted(posted, bytes);
+        posted_wrs_.store(posted_wrs_.load(std::memory_order_relaxed) + posted, std::memory_order_relaxed);
       }
       if (g.head == nullptr) {
         g.tail = nullptr;
@@ -649,6 +652,7 @@ class lane final : public detail::notify_sink {
   std::atomic<ibv_cq*> native_cq_{nullptr};
   std::uint32_t cq_capacity_ = 1;
   std::uint32_t cq_used_ = 0;  ///< WRs posted on this CQ's QPs, not yet retired
+  std::atomic<std::uint64_t> posted_wrs_{0};  ///< written by the lane thread only
   std::atomic<bool> running_{false};
   /// Set once by stop() (under mail_mu_) after the thread is gone.
   std::atomic<bool> closed_{false};

@@ -18,8 +18,10 @@
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/lane.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -68,13 +70,18 @@ class lane_pool {
   [[nodiscard]] lane<P>& at(std::size_t i) noexcept { return *lanes_[i]; }
 
   /// Hands the chain first..last (every slice for this context; any peers)
-  /// to the lanes.  Hot path, any thread: a walk of the chain, one push and
-  /// one wake per lane used.
-  void dispatch(detail::slice* first, detail::slice* last) noexcept {
-    const std::size_t n = lanes_.size();
+  /// to `width` of the lanes (all of them when width >= size()), from the
+  /// shard's lane on.  A chain narrower than the pool starts one lane further
+  /// each time, so concurrent submits to one peer still share every lane.
+  /// Hot path, any thread: a walk of the chain, one push and one wake per
+  /// lane used.
+  void dispatch(detail::slice* first, detail::slice* last, std::size_t width) noexcept {
+    const std::size_t lanes = lanes_.size();
+    const std::size_t n = std::clamp<std::size_t>(width, 1, lanes);
     const detail::task_state& t = *first->task;
-    const std::size_t start =
-        detail::shard_index<P>(t.target, first->peer_device, *first->peer_path, kShards) % n;
+    std::size_t start = detail::shard_index<P>(t.target, first->peer_device, *first->peer_path, kShards);
+    if (n < lanes && first != last) start += next_start_.fetch_add(1, std::memory_order_relaxed);
+    start %= lanes;
     if (n == 1 || first == last) {
       lanes_[start]->submit(first, last);
       return;
@@ -88,7 +95,7 @@ class lane_pool {
       detail::slice* run_last = s;
       for (std::size_t j = 1; j < per && run_last != last; ++j) run_last = run_last->next;
       s = run_last == last ? nullptr : run_last->next;
-      lanes_[(start + k) % n]->submit(run_first, run_last);
+      lanes_[(start + k) % lanes]->submit(run_first, run_last);
     }
   }
 
@@ -139,6 +146,7 @@ class lane_pool {
   rdma_context<P>& ctx_;
   int numa_node_ = -1;
   std::atomic<bool> running_{false};
+  std::atomic<std::uint32_t> next_start_{0};  ///< rotates narrow dispatches over the lanes
   std::vector<std::unique_ptr<lane<P>>> lanes_;
   std::thread monitor_;
 };

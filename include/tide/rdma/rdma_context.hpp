@@ -146,8 +146,11 @@ class rdma_context {
   [[nodiscard]] int cq_entries() const noexcept { return cfg_.max_cqe; }
 
   /// Hands a chain of slices for this context (linked by next, any peers)
-  /// to the lanes, which decide where each is posted.  Hot path, any thread.
-  void dispatch(detail::slice* first, detail::slice* last) noexcept { lanes_.dispatch(first, last); }
+  /// to at most `width` lanes, which decide where each is posted.  Hot
+  /// path, any thread.
+  void dispatch(detail::slice* first, detail::slice* last, std::size_t width) noexcept {
+    lanes_.dispatch(first, last, width);
+  }
 
   /// False after a device-fatal or port-error event, until the port is
   /// active again, and for good once teardown began (begin_stop).

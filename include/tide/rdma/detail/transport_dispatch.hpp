@@ -63,7 +63,7 @@ template <class P>
 void rdma_transport<P>::dispatch_one(detail::slice& s) noexcept {
   s.ep = nullptr;
   s.next = nullptr;
-  contexts_[s.local_device]->dispatch(&s, &s);
+  contexts_[s.local_device]->dispatch(&s, &s, 1);
 }
 
 template <class P>
@@ -198,7 +198,7 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   // Chain per context: one dispatch per context (the context picks the lane).
   using chain = std::pair<detail::slice*, detail::slice*>;
   std::array<chain, kMaxContexts> chains{};
-  std::size_t nctx_used = 0;
+  std::size_t nctx_used = 0, chains_used = 0;
   for (detail::slice* s : heads) {
     if (s->local_device == 0xffff) [[unlikely]] {
       detail::retire_wr(*s, errc::context_inactive);
@@ -208,14 +208,22 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     s->next = nullptr;
     if (c.first == nullptr) {
       c.first = c.second = s;
+      ++chains_used;
     } else {
       c.second->next = s;
       c.second = s;
     }
     nctx_used = std::max<std::size_t>(nctx_used, s->local_device + 1u);
   }
+  // A submit spread over k NICs uses num_qp_per_ep / k lanes of each (at
+  // least one): as many lane threads and QPs at once as on one NIC.  Where
+  // the CPU, not the links, is the bottleneck, the extra lanes cost more
+  // than the second NIC gives (bench/multi-nic's one-rail row); one QP per
+  // NIC still fills a link.  Narrow chains rotate over the lanes
+  // (lane_pool::dispatch), so concurrent submits still use them all.
+  const std::size_t width = (cfg_.context.num_qp_per_ep + chains_used - 1) / std::max<std::size_t>(chains_used, 1);
   for (std::size_t d = 0; d < nctx_used; ++d)
-    if (chain& c = chains[d]; c.first != nullptr) contexts_[d]->dispatch(c.first, c.second);
+    if (chain& c = chains[d]; c.first != nullptr) contexts_[d]->dispatch(c.first, c.second, width);
   return {};
 }
 
