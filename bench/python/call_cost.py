@@ -14,10 +14,13 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import numpy as np  # noqa: E402
+import numpy as np
 
-import tide  # noqa: E402
+try:  # the installed module (tools/python-wheel's venv) ...
+    import tide
+except ImportError:  # ... else a meson build's, in the source tree
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import tide
 from tide import _tide  # noqa: E402
 
 
