@@ -229,6 +229,7 @@ TEST_CASE("rails, 2 NICs per side: a submit over both NICs uses num_qp_per_ep la
   };
   const std::size_t lanes_per_nic = t.context(0).lanes().size();
   REQUIRE(lanes_per_nic == 2);  // engine_config's default num_qp_per_ep
+  int over_both = 0;  // submits that load_aware split over both NICs: the ones the width bound is about
   for (int i = 0; i < 8; ++i) {
     const auto before = posted();
     CHECK(r.round_trip(transfer_op::write, 0, 4u << 20, 1, 500 + i) == "");
@@ -242,8 +243,9 @@ TEST_CASE("rails, 2 NICs per side: a submit over both NICs uses num_qp_per_ep la
     }
     INFO("submit " << i << ": " << lanes_used << " lanes on " << nics_used << " NICs");
     CHECK(lanes_used <= lanes_per_nic);
-    CHECK(lanes_used >= nics_used);
+    over_both += nics_used == 2 ? 1 : 0;
   }
+  CHECK(over_both > 0);
   std::ostringstream os;
   for (const auto n : posted()) os << " " << n;
   MESSAGE("WRs posted per lane (NIC 0's, then NIC 1's):" << os.str());
