@@ -133,8 +133,9 @@ int run_initiator(const bench_options& o) {
   std::mutex lat_mu;
   std::vector<double> latencies;
 
-  // One batch: allocate, submit, wait, free.  Returns its latency, or nothing after a failure
-  // (reported, and `fatal` set).
+  // One batch: allocate, submit, wait, free.  Returns its latency, all four included (what a
+  // synchronous transfer costs its caller, as the Python module's calls do), or nothing after a
+  // failure (reported, and `fatal` set).
   auto one_batch = [&](const std::vector<transfer_request>& reqs) -> std::optional<double> {
     const auto t0 = std::chrono::steady_clock::now();
     auto b = engine.allocate_batch(o.batch_size);
@@ -151,7 +152,6 @@ int run_initiator(const bench_options& o) {
     }
     auto w = engine.wait(*b, std::chrono::seconds(60));
     auto st = engine.batch_status(*b);
-    const auto t1 = std::chrono::steady_clock::now();
     if (!w || !st || st->state != transfer_state::completed) {
       std::cerr << "tide-bench: batch did not complete: "
                 << (!w ? w.error().message()
@@ -165,8 +165,12 @@ int run_initiator(const bench_options& o) {
       fatal = 1;
       return std::nullopt;
     }
-    (void)engine.free_batch(*b);
-    return std::chrono::duration<double, std::micro>(t1 - t0).count();
+    if (auto f = engine.free_batch(*b); !f) {
+      std::cerr << "tide-bench: free_batch: " << f.error().message() << "\n";
+      fatal = 1;
+      return std::nullopt;
+    }
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   };
 
   double first_batch_us = 0;  // thread 0's, published by warmed_up

@@ -164,6 +164,7 @@ status batch_table::free(batch_id id) noexcept {
     std::lock_guard wl(b->mu);
     b->tag.store(tag_of(generation_of(tag), false), std::memory_order_release);
     b->listener = nullptr;
+    b->watched.store(false, std::memory_order_relaxed);
   }
   // allocate reserved room for every slot it handed out: no allocation here.
   free_slots_.push_back(static_cast<std::uint32_t>(id & 0xffffffffu));
@@ -252,9 +253,20 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
       if ((k & 63) == 0 && std::chrono::steady_clock::now() >= spin_until) break;
       tide::detail::cpu_relax();
     }
+    // Ended while spinning: no lock, so the lane still finishing the last
+    // task is not met on mu (a sleep and a wake on a small transfer's path).
+    if (b->unfinished.load(std::memory_order_acquire) == 0) {
+      if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
+      return {};
+    }
   }
   std::unique_lock lock(b->mu);
-  while (b->unfinished.load(std::memory_order_acquire) != 0) {
+  b->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  struct awake {
+    std::atomic<std::uint32_t>& n;
+    ~awake() { n.fetch_sub(1, std::memory_order_relaxed); }
+  } leaving{b->sleepers};
+  while (b->unfinished.load(std::memory_order_seq_cst) != 0) {
     if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
@@ -299,7 +311,8 @@ status batch_table::watch(batch_id id, batch_listener* listener) noexcept {
   if (!still(*b, id)) return fail(describe(errc::unknown_batch, "watch: batch freed meanwhile: ", id));
   b->listener = listener;
   b->listener_id = id;
-  if (listener != nullptr && b->unfinished.load(std::memory_order_acquire) == 0) listener->batch_final(id);
+  b->watched.store(listener != nullptr, std::memory_order_seq_cst);  // before the load below (see finish_task)
+  if (listener != nullptr && b->unfinished.load(std::memory_order_seq_cst) == 0) listener->batch_final(id);
   return {};
 }
 

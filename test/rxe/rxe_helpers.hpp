@@ -15,6 +15,12 @@
 #include <string>
 #include <vector>
 
+/// A failed REQUIRE(status) prints the error, not "{?}".
+template <>
+struct doctest::StringMaker<tide::status> {
+  static String convert(const tide::status& s) { return s ? String("ok") : String(s.error().message().c_str()); }
+};
+
 namespace tide::test {
 
 using namespace std::chrono_literals;

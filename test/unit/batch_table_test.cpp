@@ -383,6 +383,45 @@ struct counting_listener final : batch_listener {
 };
 }  // namespace
 
+// The last task takes the batch's mutex to wake waiters only when one has
+// registered as a sleeper (or a listener is set): a waiter that sleeps must
+// be woken by the completion itself, not by wait()'s 100 ms re-check.
+TEST_CASE("wait: a sleeping waiter is woken by the last completion, also when the two race") {
+  using namespace std::chrono;
+  auto t = make_table(2);
+  const batch_id id = t->allocate(1).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 1, 1);
+  steady_clock::time_point woke{};
+  std::thread waiter([&] {
+    CHECK(t->wait(id, seconds(10), microseconds(0)));
+    woke = steady_clock::now();
+  });
+  while (b->sleepers.load() == 0) std::this_thread::yield();
+  std::this_thread::sleep_for(milliseconds(5));  // inside cv.wait by now
+  const auto retired = steady_clock::now();
+  rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+  waiter.join();
+  CHECK(woke - retired < milliseconds(80));
+  CHECK(b->sleepers.load() == 0);
+  CHECK(t->free(id));
+  // Racing: the waiter registers while the last slice retires.  A lost wake
+  // costs the 100 ms re-check; a few slow rounds are scheduling, many are a bug.
+  int slow = 0;
+  for (int round = 0; round < 200; ++round) {
+    const batch_id r = t->allocate(1).value();
+    auto* rb = t->lookup(r);
+    fake_submit(*rb, 1, 1);
+    std::thread finisher([&] { rdma::detail::retire_slice(rb->tasks[0].slices[0], errc::ok); });
+    const auto t0 = steady_clock::now();
+    CHECK(t->wait(r, seconds(10), microseconds(0)));
+    if (steady_clock::now() - t0 >= milliseconds(80)) ++slow;
+    finisher.join();
+    CHECK(t->free(r));
+  }
+  CHECK(slow <= 2);
+}
+
 TEST_CASE("watch: told once when the last task ends, at once when none runs; free and a clear stop it") {
   auto t = make_table(4);
   counting_listener l;

@@ -210,6 +210,13 @@ struct batch_state {
   std::atomic<std::uint64_t> tag{0};
   std::mutex mu;                     ///< pairs with cv for wait()
   std::condition_variable cv;
+  /// Waiters about to sleep on cv (incremented under mu), and whether a
+  /// listener is set: the last task takes mu to wake someone only when
+  /// one of them says someone is there.  A waiter that caught the end while
+  /// spinning never meets the finishing lane on mu.  Both are seq_cst
+  /// against `unfinished` (see finish_task).
+  std::atomic<std::uint32_t> sleepers{0};
+  std::atomic<bool> watched{false};
   /// watch_batch's listener and the id it watches; guarded by mu (a lane
   /// calls it under mu, so clearing it under mu ends every call).
   batch_listener* listener = nullptr;
@@ -287,8 +294,11 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
         if (g->left.fetch_sub(1, std::memory_order_acq_rel) == 1) g->done(!g->failed.load(std::memory_order_relaxed));
       }
       // The last task of a batch notifies under the mutex so a waiter between its
-      // predicate check and its sleep cannot miss it (pairs with wait()).
-      if (b.unfinished.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // predicate check and its sleep cannot miss it (pairs with wait()), and
+      // only when a waiter or a listener has said it is there: seq_cst on both
+      // sides, so either it sees their mark or they see unfinished at 0.
+      if (b.unfinished.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+          (b.sleepers.load(std::memory_order_seq_cst) != 0 || b.watched.load(std::memory_order_seq_cst))) {
         std::lock_guard lock(b.mu);
         b.cv.notify_all();
         if (b.listener != nullptr) b.listener->batch_final(b.listener_id);
