@@ -12,13 +12,10 @@
 #include "errors.hpp"
 #include "mooncake_calls.hpp"
 
-#include <tide/topology/hca.hpp>
-#include <tide/topology/priority_matrix.hpp>
-
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <cstring>
+#include <array>
 #include <mutex>
 #include <optional>
 
@@ -185,22 +182,18 @@ class py_engine {
     const transfer_op o = opcode_of(op);
     const address_lists lists = read_address_lists(locals, remotes, lengths);
     if (lists.size() == 0) return pyb::none();
-    const double timeout_s = base_s + per_byte_s * static_cast<double>(lists.total_bytes());
-    std::shared_ptr<core> c = live();
-    batch_outcome out;
-    {
-      pyb::gil_scoped_release nogil;
-      if (auto seg = c->segments.open(*c->engine, segment); !seg) {
-        out.failure = std::move(seg.error());
-      } else {
-        const auto reqs = lists.requests(o, *seg);
-        out = run_batch(*c->engine, reqs, deadline_in(timeout_s), notify);
-      }
-      c.reset();  // may be the last reference after a close(): torn down here, without the GIL
-    }
-    raise_failure(out);
-    if (out.status.state == transfer_state::completed && !out.timed_out) return pyb::none();
-    return outcome_tuple(out, timeout_s);
+    return run_named(segment, lists.total_bytes(), base_s, per_byte_s, notify,
+                     [&](segment_id target) { return lists.requests(o, target); });
+  }
+  /// transfer_named of one request given as three integers (what
+  /// transfer_sync_write / _read pass): no sequences to read, no vectors.
+  pyb::object transfer_one(const std::string& segment, int op, const pyb::handle& local, const pyb::handle& remote,
+                           const pyb::handle& length, double base_s, double per_byte_s,
+                           const std::optional<note_tuple>& notify) {
+    const transfer_op o = opcode_of(op);
+    const one_address a = read_one_address(local, remote, length);
+    return run_named(segment, a.length, base_s, per_byte_s, notify,
+                     [&](segment_id target) { return std::array{a.request(o, target)}; });
   }
   /// allocate + submit of Mooncake's arguments (as transfer_named's);
   /// (batch id, bytes).  Nothing stays allocated when the submit fails.
@@ -408,6 +401,29 @@ class py_engine {
     }
     return reqs;
   }
+  /// transfer_named's run once the arguments are read: the segment opened
+  /// (or found), make_requests(segment) run as one batch, the GIL released
+  /// for both.
+  template <class MakeRequests>
+  pyb::object run_named(const std::string& segment, std::uint64_t bytes, double base_s, double per_byte_s,
+                        const std::optional<note_tuple>& notify, MakeRequests&& make_requests) {
+    const double timeout_s = base_s + per_byte_s * static_cast<double>(bytes);
+    std::shared_ptr<core> c = live();
+    batch_outcome out;
+    {
+      pyb::gil_scoped_release nogil;
+      if (auto seg = c->segments.open(*c->engine, segment); !seg) {
+        out.failure = std::move(seg.error());
+      } else {
+        const auto reqs = make_requests(*seg);
+        out = run_batch(*c->engine, reqs, deadline_in(timeout_s), notify);
+      }
+      c.reset();  // may be the last reference after a close(): torn down here, without the GIL
+    }
+    raise_failure(out);
+    if (out.status.state == transfer_state::completed && !out.timed_out) return pyb::none();
+    return outcome_tuple(out, timeout_s);
+  }
   /// run_batch on the live engine, the GIL released; raises its failure.
   batch_outcome run_now(std::span<const transfer_request> reqs, steady_clock::time_point deadline,
                         const std::optional<note_tuple>& notify) {
@@ -465,76 +481,9 @@ class py_engine {
   std::shared_ptr<core> core_;  ///< null once closed; read and written with the GIL held
 };
 
-/// The address, size and writability of a C-contiguous buffer-protocol object
-/// (tide.Engine.register keeps a memoryview of it exported while registered).
-pyb::tuple buffer_address(const pyb::object& obj) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw pyb::error_already_set();
-  const bool contiguous = PyBuffer_IsContiguous(&view, 'C') != 0;
-  const auto addr = reinterpret_cast<std::uintptr_t>(view.buf);
-  const auto len = static_cast<std::size_t>(view.len);
-  const bool readonly = view.readonly != 0;
-  PyBuffer_Release(&view);
-  if (!contiguous) throw pyb::value_error("the buffer is not C-contiguous: register a contiguous copy");
-  return pyb::make_tuple(addr, len, readonly);
-}
-
-std::string local_topology(const std::vector<std::string>& devices, const std::string& sysfs_root) {
-  std::vector<topology::hca_info> hcas;
-  {
-    pyb::gil_scoped_release nogil;
-    auto all = topology::scan_hcas(sysfs_root);
-    if (!all) {
-      pyb::gil_scoped_acquire gil;
-      raise(std::move(all.error()));
-    }
-    for (auto& h : *all)
-      if (devices.empty() || std::find(devices.begin(), devices.end(), h.name) != devices.end())
-        hcas.push_back(std::move(h));
-  }
-  return topology::priority_matrix::from_hcas(hcas, topology::scan_numa_nodes(sysfs_root)).to_json();
-}
-
 }  // namespace
 
 void init_engine(pyb::module_& m) {
-  m.def("buffer_address", &buffer_address, pyb::arg("obj"),
-        "(address, nbytes, readonly) of a C-contiguous buffer-protocol object.  Raises TypeError (no buffer "
-        "protocol), ValueError (not C-contiguous).");
-  m.def("local_topology", &local_topology, pyb::arg("devices"), pyb::arg("sysfs_root") = "/sys",
-        "The priority matrix of this host's RDMA devices (Mooncake's JSON), limited to `devices` when not empty.");
-  m.def(
-      "policy_sets",
-      [] {
-        pyb::list out;
-        for (const auto& s : policy_sets()) {
-          pyb::list backends;
-          backends.append("p2p");
-          if (s.etcd != nullptr) backends.append("etcd");
-          if (s.http != nullptr) backends.append("http");
-          out.append(pyb::make_tuple(s.name, s.description, backends));
-        }
-        return out;
-      },
-      "The policy sets this module is built with: (name, 'eviction / shard hash / idle / path', backends).");
-  m.def(
-      "copy_in",
-      [](std::uintptr_t addr, const pyb::buffer& data, std::size_t length) {
-        pyb::buffer_info info = data.request();
-        if (static_cast<std::size_t>(info.size * info.itemsize) < length)
-          throw pyb::value_error("copy_in: " + std::to_string(length) + " bytes asked, the data has " +
-                                 std::to_string(info.size * info.itemsize));
-        std::memcpy(as_pointer(addr), info.ptr, length);
-      },
-      pyb::arg("addr"), pyb::arg("data"), pyb::arg("length"),
-      "memcpy of `length` bytes of `data` to `addr` (the caller checked the range).");
-  m.def(
-      "copy_out",
-      [](std::uintptr_t addr, std::size_t length) {
-        return pyb::bytes(static_cast<const char*>(as_pointer(addr)), length);
-      },
-      pyb::arg("addr"), pyb::arg("length"), "`length` bytes at `addr` as bytes (the caller checked the range).");
-
   pyb::class_<py_engine>(m, "Engine", "transfer_engine<P> over the policy set named at creation.  Thread-safe.")
       .def(pyb::init<const std::string&, const std::string&, const std::string&>(), pyb::arg("config_json"),
            pyb::arg("policies") = "default", pyb::arg("metadata_kind") = "p2p",
@@ -568,6 +517,9 @@ void init_engine(pyb::module_& m) {
            "transfer() with Mooncake's arguments: the segment by name (opened once, kept), opcode 0 read / 1 write, "
            "equal-length lists of local addresses, peer addresses and lengths.  None when all completed; else "
            "(state, bytes, reason, device, path, timed_out, timeout).")
+      .def("transfer_one", &py_engine::transfer_one, pyb::arg("segment"), pyb::arg("opcode"), pyb::arg("buffer"),
+           pyb::arg("peer_address"), pyb::arg("length"), pyb::arg("base_timeout"), pyb::arg("timeout_per_byte"),
+           pyb::arg("notify") = pyb::none(), "transfer_named of one request given as three ints.")
       .def("submit_named", &py_engine::submit_named, pyb::arg("segment"), pyb::arg("opcode"), pyb::arg("buffers"),
            pyb::arg("peer_addresses"), pyb::arg("lengths"),
            "allocate_batch + submit with transfer_named's arguments; (batch, bytes).")

@@ -7,6 +7,7 @@
 
 namespace tide::py {
 void init_engine(pybind11::module_& m);
+void init_module_functions(pybind11::module_& m);
 }  // namespace tide::py
 
 PYBIND11_MODULE(_tide, m) {
@@ -14,6 +15,7 @@ PYBIND11_MODULE(_tide, m) {
   m.doc() = "tide's C++ engine (transfer_engine<P>); use the tide package, not this module.";
   m.attr("__version__") = TIDE_VERSION;
   tide::py::init_errors(m);
+  tide::py::init_module_functions(m);
   tide::py::init_engine(m);
   pyb::class_<tide::py::completion_queue, std::shared_ptr<tide::py::completion_queue>>(
       m, "CompletionQueue", "An eventfd that watched batches signal when final (asyncio's add_reader).")

@@ -30,6 +30,24 @@ result<segment_id> named_segments::open(engine_iface& e, const std::string& name
 
 namespace {
 
+/// `item` as an unsigned 64-bit integer; `what` (with `[i]` when i >= 0)
+/// names it in the TypeError.
+unsigned long long index_value(PyObject* item, const char* what, Py_ssize_t i) {
+  // PyNumber_Index, not int(): a float or a str is a mistake here, as in pybind11's (and Mooncake's) conversion.
+  PyObject* index = PyNumber_Index(item);
+  unsigned long long v = 0;
+  if (index != nullptr) {
+    v = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
+  }
+  if (PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+    throw pyb::type_error(std::string(what) + (i >= 0 ? "[" + std::to_string(i) + "]" : "") +
+                          " must be an int in 0 .. 2**64-1, got " + pyb::repr(item).cast<std::string>());
+  }
+  return v;
+}
+
 /// The integers of one sequence; `what` names it in errors.
 template <class T>
 std::vector<T> integers(pyb::handle seq, const char* what) {
@@ -43,21 +61,7 @@ std::vector<T> integers(pyb::handle seq, const char* what) {
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   PyObject** items = PySequence_Fast_ITEMS(fast);
   std::vector<T> out(static_cast<std::size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    // PyNumber_Index, not int(): a float or a str is a mistake here, as in pybind11's (and Mooncake's) conversion.
-    PyObject* index = PyNumber_Index(items[i]);
-    unsigned long long v = 0;
-    if (index != nullptr) {
-      v = PyLong_AsUnsignedLongLong(index);
-      Py_DECREF(index);
-    }
-    if (PyErr_Occurred() != nullptr) {
-      PyErr_Clear();
-      throw pyb::type_error(std::string(what) + "[" + std::to_string(i) + "] must be an int in 0 .. 2**64-1, got " +
-                            pyb::repr(items[i]).cast<std::string>());
-    }
-    out[static_cast<std::size_t>(i)] = static_cast<T>(v);
-  }
+  for (Py_ssize_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = static_cast<T>(index_value(items[i], what, i));
   return out;
 }
 
@@ -70,6 +74,17 @@ address_lists read_address_lists(pyb::handle locals, pyb::handle remotes, pyb::h
     throw pyb::value_error("lists of unequal length (" + std::to_string(a.local.size()) + ", " +
                            std::to_string(a.remote.size()) + ", " + std::to_string(a.length.size()) + ")");
   return a;
+}
+
+one_address read_one_address(pyb::handle local, pyb::handle remote, pyb::handle length) {
+  return {static_cast<std::uintptr_t>(index_value(local.ptr(), "buffer", -1)),
+          static_cast<std::uint64_t>(index_value(remote.ptr(), "peer address", -1)),
+          static_cast<std::size_t>(index_value(length.ptr(), "length", -1))};
+}
+
+transfer_request one_address::request(transfer_op op, segment_id target) const noexcept {
+  return transfer_request::at_address(op, reinterpret_cast<void*>(local), target, remote,  // NOLINT(performance-no-int-to-ptr)
+                                      length);
 }
 
 std::uint64_t address_lists::total_bytes() const noexcept {

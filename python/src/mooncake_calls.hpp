@@ -73,6 +73,18 @@ struct address_lists {
 [[nodiscard]] address_lists read_address_lists(pybind11::handle locals, pybind11::handle remotes,
                                                pybind11::handle lengths);
 
+/// One request's integers as they come (transfer_sync_write / _read's
+/// scalars): no lists to read or build.  With the GIL; read_address_lists'
+/// TypeErrors ("buffer", "peer address", "length").
+struct one_address {
+  std::uintptr_t local = 0;
+  std::uint64_t remote = 0;
+  std::size_t length = 0;
+  /// The raw-address request of `op` to `target`.
+  [[nodiscard]] transfer_request request(transfer_op op, segment_id target) const noexcept;
+};
+[[nodiscard]] one_address read_one_address(pybind11::handle local, pybind11::handle remote, pybind11::handle length);
+
 /// 0 (read) or 1 (write) as transfer_op; ValueError otherwise.
 [[nodiscard]] transfer_op opcode_of(int op);
 

@@ -230,6 +230,19 @@ def test_named_transfer_bad_input(prefill, decode):
         native.transfer_named(seg, 1, [float(addrs[0])], remote[:1], [BLOCK], 5.0, 0.0)
     with pytest.raises(TypeError, match="sequence"):
         native.submit_named(seg, 1, addrs[0], remote[0], BLOCK)
+    # transfer_one (transfer_sync_write / _read's): the same run for one request as three ints.
+    assert native.transfer_one(seg, 1, addrs[0], remote[0], BLOCK, 5.0, 0.0) is None
+    with pytest.raises(ValueError, match="opcode"):
+        native.transfer_one(seg, 2, addrs[0], remote[0], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^length must be an int"):
+        native.transfer_one(seg, 1, addrs[0], remote[0], -1, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^buffer must be an int"):
+        native.transfer_one(seg, 1, float(addrs[0]), remote[0], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^peer address must be an int"):
+        native.transfer_one(seg, 1, addrs[0], [remote[0]], BLOCK, 5.0, 0.0)
+    import tide
+    with pytest.raises(tide.Error):
+        native.transfer_one("127.0.0.1:1", 1, addrs[0], remote[0], BLOCK, 5.0, 0.0)  # nothing listens there
     bid, nbytes = native.submit_named(seg, 0, addrs, remote[:2], [BLOCK, BLOCK])
     assert nbytes == 2 * BLOCK
     native.wait(bid, 5.0)

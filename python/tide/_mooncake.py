@@ -36,6 +36,9 @@ from .errors import TideError
 
 _COMPLETED = State.COMPLETED.value
 _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
+# The native runs of one sync call (_sync): one request as three ints, or three lists.
+_TRANSFER_ONE = _tide.Engine.transfer_one
+_TRANSFER_LISTS = _tide.Engine.transfer_named
 # Protocols that pick another transport in Mooncake's builds that have it; its usual builds run
 # RDMA for every other value ("rdma", "tcp", ...), and so does tide.
 _OTHER_TRANSPORTS = frozenset({"nvlink", "nvlink_intra", "hip", "musa", "efa", "cxi", "xgmi", "ascend", "barex"})
@@ -295,10 +298,12 @@ class TransferEngine:
         return buffers[0][0] if buffers else 0
 
     # ---- transfers ----
-    # Each is one native call (transfer_named / submit_named): the segment is
-    # looked up by name, the requests built and the batch run there, the GIL
-    # released for all of it.  Python only maps the outcome to Mooncake's sentinels.
-    def _sync(self, method, target_hostname, buffers, peer_addresses, lengths, op, notify) -> int:
+    # Each is one native call (transfer_one, transfer_named or submit_named):
+    # the segment is looked up by name, the requests built and the batch run
+    # there, the GIL released for all of it.  Python only maps the outcome to
+    # Mooncake's sentinels.  `native` is transfer_one (three ints) or
+    # transfer_named (three lists).
+    def _sync(self, method, native, target_hostname, buffers, peer_addresses, lengths, op, notify) -> int:
         engine = self._engine
         if engine is None:
             return self._fail(f"{method}: call initialize() first")
@@ -306,8 +311,8 @@ class TransferEngine:
         # every byte is there, never when a request failed.
         note = None if notify is None else (notify.name, notify.msg)
         try:
-            failed = engine.transfer_named(target_hostname, op, buffers, peer_addresses, lengths, self._timeout,
-                                           _WRITE_TIMEOUT_PER_BYTE_S, note)
+            failed = native(engine, target_hostname, op, buffers, peer_addresses, lengths, self._timeout,
+                            _WRITE_TIMEOUT_PER_BYTE_S, note)
         except TideError as e:
             return self._fail(f"{method}: {e}")
         if failed is None:
@@ -323,17 +328,18 @@ class TransferEngine:
         if self._engine is None:
             return self._fail(f"{method}: call initialize() first")
         op = opcode if opcode is Write or opcode is Read else _opcode(opcode)
-        return self._sync(method, target_hostname, buffers, peer_addresses, lengths, int(op), notify)
+        return self._sync(method, _TRANSFER_LISTS, target_hostname, buffers, peer_addresses, lengths,
+                          int(op), notify)
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                             transport_hint: str = "") -> int:
-        return self._sync("transfer_sync_write", target_hostname, (buffer,), (peer_buffer_address,), (length,), 1,
-                          None)
+        return self._sync("transfer_sync_write", _TRANSFER_ONE, target_hostname, buffer,
+                          peer_buffer_address, length, 1, None)
 
     def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                            transport_hint: str = "") -> int:
-        return self._sync("transfer_sync_read", target_hostname, (buffer,), (peer_buffer_address,), (length,), 0,
-                          None)
+        return self._sync("transfer_sync_read", _TRANSFER_ONE, target_hostname, buffer,
+                          peer_buffer_address, length, 0, None)
 
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                       opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
