@@ -35,8 +35,6 @@ struct core {
   ~core() { engine.reset(); }
 };
 
-void* as_pointer(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }  // NOLINT(performance-no-int-to-ptr)
-
 pyb::tuple status_tuple(const engine_iface& e, const transfer_status& s) {
   return pyb::make_tuple(static_cast<int>(s.state), s.transferred_bytes, static_cast<int>(s.reason),
                          s.failed_local_device == kNoDevice ? std::string() : e.device_name(s.failed_local_device),

@@ -6,12 +6,18 @@
 #include <tide/engine.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace tide::py {
+
+/// An address as Python passes it (an int) in the pointer type the engine takes.
+inline void* as_pointer(std::uintptr_t addr) noexcept {
+  return reinterpret_cast<void*>(addr);  // NOLINT(performance-no-int-to-ptr)
+}
 
 /// The calls the binding makes, forwarded to transfer_engine<P>.  Every
 /// member may be called from any thread (the engine's own rule) and none

@@ -21,8 +21,6 @@ namespace pyb = pybind11;
 
 namespace {
 
-void* as_pointer(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }  // NOLINT(performance-no-int-to-ptr)
-
 /// The address, size and writability of a C-contiguous buffer-protocol object
 /// (tide.Engine.register keeps a memoryview of it exported while registered).
 pyb::tuple buffer_address(const pyb::object& obj) {

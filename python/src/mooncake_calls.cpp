@@ -83,8 +83,7 @@ one_address read_one_address(pyb::handle local, pyb::handle remote, pyb::handle 
 }
 
 transfer_request one_address::request(transfer_op op, segment_id target) const noexcept {
-  return transfer_request::at_address(op, reinterpret_cast<void*>(local), target, remote,  // NOLINT(performance-no-int-to-ptr)
-                                      length);
+  return transfer_request::at_address(op, as_pointer(local), target, remote, length);
 }
 
 std::uint64_t address_lists::total_bytes() const noexcept {
@@ -95,8 +94,7 @@ std::vector<transfer_request> address_lists::requests(transfer_op op, segment_id
   std::vector<transfer_request> reqs;
   reqs.reserve(size());
   for (std::size_t i = 0; i < size(); ++i)
-    reqs.push_back(transfer_request::at_address(op, reinterpret_cast<void*>(local[i]),  // NOLINT(performance-no-int-to-ptr)
-                                                target, remote[i], length[i]));
+    reqs.push_back(one_address{local[i], remote[i], length[i]}.request(op, target));
   return reqs;
 }
 
