@@ -315,8 +315,16 @@ TEST_CASE("a flood past the target's inbox bound is refused and counted; the dat
     CHECK(a->batch_status(batch)->state == transfer_state::completed);
     REQUIRE(a->free_batch(batch));
   }
+  // A SEND's completion at the sender says the target's NIC has the message,
+  // not that the target's lane has polled it: wait for the target to have
+  // counted every one (accepted or refused) too.
   const auto until = std::chrono::steady_clock::now() + 60s;
-  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  const auto target_counted = [&] {
+    const auto s = b->notification_stats();
+    return s.accepted + s.dropped_count + s.dropped_bytes + s.dropped_rate;
+  };
+  while ((a->outbox_stats().pending != 0 || target_counted() < kFlood) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
   CHECK(std::memcmp(src.data, dst.data, src.size) == 0);
   const auto out = a->outbox_stats();
   const auto in = b->notification_stats();
