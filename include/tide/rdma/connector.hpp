@@ -19,6 +19,16 @@
 /// restarted, or re-handshakes) retires the old endpoint (its lanes flush
 /// it) and accepts on a fresh one.
 ///
+/// A rejection says whether another attempt may succeed.  The passive side
+/// begins the reply_msg of a race in its endpoint store with kTryAgain and
+/// that of a failed QP setup (ibv_modify_qp to RTR times out while the
+/// kernel resolves the peer's address under load) with kQpSetupFailed; the
+/// active side fails the endpoint's slices with busy or qp_state_error,
+/// which the transport retries until the task's deadline, instead of
+/// handshake_rejected, which fails a slice with no other rail at once.
+/// Any other text (a malformed request, a Mooncake peer's reason) stays
+/// handshake_rejected.
+///
 /// A peer path whose handshake failed slowly (a powered-off or hung peer:
 /// the attempt ran into its connect or receive timeout) is held off for as
 /// long as that attempt took, clamped to [kMinHoldOff, kMaxHoldOff]:
@@ -59,6 +69,21 @@ class connector {
   static constexpr std::chrono::milliseconds kLaneAnswerTimeout{10000};
   /// How a rejection for a lost simultaneous open begins.
   static constexpr std::string_view kLostRace = "simultaneous open: ";
+  /// How a rejection for a race in the peer's endpoint store begins.
+  static constexpr std::string_view kTryAgain = "try again: ";
+  /// How a rejection for a failed QP setup at the peer begins.
+  static constexpr std::string_view kQpSetupFailed = "cannot connect the QPs: ";
+
+  /// What a connect rejected with `text` (a reply_msg, or an error detail
+  /// holding one) fails with: ok for a lost simultaneous open (no failure:
+  /// the peer's own request is on its way), busy or qp_state_error when the
+  /// peer says another attempt may succeed, else handshake_rejected.
+  [[nodiscard]] static constexpr errc rejection_code(std::string_view text) noexcept {
+    if (text.find(kLostRace) != std::string_view::npos) return errc::ok;
+    if (text.find(kTryAgain) != std::string_view::npos) return errc::busy;
+    if (text.find(kQpSetupFailed) != std::string_view::npos) return errc::qp_state_error;
+    return errc::handshake_rejected;
+  }
   /// A failed attempt at least this long holds its peer path off.
   static constexpr std::chrono::milliseconds kSlowAttempt{1000};
   static constexpr std::chrono::milliseconds kMinHoldOff{1000};
@@ -151,7 +176,7 @@ class connector {
         e.set_state(endpoint_state::destroying);
         setup.unlock();
         ctx_.retire_endpoint(*h);
-        return reject("cannot connect the QPs: " + r.error().message());
+        return reject(std::string(kQpSetupFailed) + r.error().message());
       }
       if (req.ready_ack.has_value()) e.set_ack_deadline(std::chrono::steady_clock::now() + ctx_.ready_ack_timeout());
       // CAS: an eviction meanwhile (destroying) must not be undone.
@@ -160,7 +185,7 @@ class connector {
                                                          : endpoint_state::connected)) {
         setup.unlock();
         ctx_.lanes().wake_all();
-        return reject("endpoint to " + req.local_nic_path + " was closed while connecting; retry");
+        return reject(std::string(kTryAgain) + "endpoint to " + req.local_nic_path + " was closed while connecting");
       }
       setup.unlock();
       ctx_.lanes().wake_all();
@@ -170,7 +195,7 @@ class connector {
       if (!req.notify_credits) reply.notify_credits.reset();  // it sends none: nothing to say
       return reply;
     }
-    return reject("endpoint to " + req.local_nic_path + " is busy; retry");
+    return reject(std::string(kTryAgain) + "endpoint to " + req.local_nic_path + " is busy");
   }
 
   /// Passive side of the ready ack.  Returns "" on success, else the reason.
@@ -238,21 +263,19 @@ class connector {
     if (!reply) {
       setup.unlock();
       // net::exchange_handshake turns a reply_msg into handshake_rejected
-      // with the text after "<host:port>: ", so a lost simultaneous open
-      // arrives here: it is no failure (the peer's request is on its way).
-      // Taken for one, it failed the slices waiting for this endpoint
-      // (engine_test's simultaneous open, now and then).
-      const bool lost_race = reply.error().code == errc::handshake_rejected &&
-                             reply.error().detail.find(kLostRace) != std::string::npos;
-      fail_connect(e, lost_race ? errc::ok : reply.error().code, reply.error().message());
+      // with the text after "<host:port>: ", so a rejection arrives here.
+      // A lost simultaneous open taken for a failure failed the slices
+      // waiting for this endpoint (engine_test's simultaneous open, now and
+      // then); a transient one taken for handshake_rejected failed, on a
+      // single rail, a transfer a second attempt would have carried.
+      const errc code = reply.error().code == errc::handshake_rejected ? rejection_code(reply.error().detail)
+                                                                        : reply.error().code;
+      fail_connect(e, code, reply.error().message());
       return;
     }
     if (!reply->reply_msg.empty()) {
       setup.unlock();
-      // Simultaneous open lost: the peer's own request is on its way and
-      // will be accepted here; the lanes just look the endpoint up again.
-      const bool lost_race = reply->reply_msg.rfind(kLostRace, 0) == 0;
-      fail_connect(e, lost_race ? errc::ok : errc::handshake_rejected,
+      fail_connect(e, rejection_code(reply->reply_msg),
                    e.peer_nic_path() + " rejected the connection: " + reply->reply_msg);
       return;
     }

@@ -236,6 +236,48 @@ bool read_exact(int fd, char* p, std::size_t n, std::chrono::steady_clock::time_
   return true;
 }
 
+bool send_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// One frame's payload (at most 1 MiB of it), or nothing on EOF, error or timeout.
+std::optional<std::string> read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
+  unsigned char hdr[8];
+  if (!read_exact(fd, reinterpret_cast<char*>(hdr), 8, deadline)) return std::nullopt;
+  std::uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | hdr[i];
+  std::string payload(static_cast<std::size_t>(std::min<std::uint64_t>(len, 1 << 20)), '\0');
+  if (!read_exact(fd, payload.data(), payload.size(), deadline)) return std::nullopt;
+  return payload;
+}
+
+std::string frame_of(std::string_view payload) {
+  std::string out(8, '\0');
+  std::uint64_t len = payload.size();
+  for (int i = 0; i < 8; ++i, len >>= 8) out[static_cast<std::size_t>(i)] = static_cast<char>(len & 0xff);
+  out.append(payload);
+  return out;
+}
+
+int connect_loopback(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 scripted_server::scripted_server(std::string reply) {
@@ -245,27 +287,51 @@ scripted_server::scripted_server(std::string reply) {
     if (::poll(&pf, 1, 5000) <= 0) return;
     const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    unsigned char hdr[8];
-    if (read_exact(fd, reinterpret_cast<char*>(hdr), 8, deadline)) {
-      std::uint64_t len = 0;
-      for (int i = 7; i >= 0; --i) len = (len << 8) | hdr[i];
-      std::string body(static_cast<std::size_t>(std::min<std::uint64_t>(len, 1 << 20)), '\0');
-      if (read_exact(fd, body.data(), body.size(), deadline)) {
-        std::size_t off = 0;
-        while (off < reply.size()) {
-          const ssize_t n = ::send(fd, reply.data() + off, reply.size() - off, MSG_NOSIGNAL);
-          if (n <= 0) break;
-          off += static_cast<std::size_t>(n);
-        }
-      }
-    }
+    if (read_frame(fd, std::chrono::steady_clock::now() + std::chrono::seconds(5))) (void)send_all(fd, reply);
     ::close(fd);
   });
 }
 
 scripted_server::~scripted_server() {
   if (thread_.joinable()) thread_.join();
+}
+
+frame_relay::frame_relay(std::uint16_t upstream, answer_fn answer) : upstream_(upstream), answer_(std::move(answer)) {
+  thread_ = std::thread([this] {
+    while (!stop_.load()) {
+      pollfd pf{listener_.fd(), POLLIN, 0};
+      if (::poll(&pf, 1, 50) <= 0) continue;
+      const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      serve(fd);
+      ::close(fd);
+    }
+  });
+}
+
+frame_relay::~frame_relay() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void frame_relay::serve(int client) {
+  // The upstream server may hold a connect request for its lanes' answers
+  // (up to 10 s); a client that goes quiet ends the connection.
+  constexpr auto kWait = std::chrono::seconds(30);
+  int up = -1;
+  while (!stop_.load()) {
+    auto payload = read_frame(client, std::chrono::steady_clock::now() + kWait);
+    if (!payload) break;
+    if (auto reply = answer_(*payload)) {
+      if (!send_all(client, *reply)) break;
+      continue;
+    }
+    if (up < 0 && (up = connect_loopback(upstream_)) < 0) break;
+    if (!send_all(up, frame_of(*payload))) break;
+    auto reply = read_frame(up, std::chrono::steady_clock::now() + kWait);
+    if (!reply || !send_all(client, frame_of(*reply))) break;
+  }
+  if (up >= 0) ::close(up);
 }
 
 std::size_t resident_bytes() {

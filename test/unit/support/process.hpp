@@ -2,11 +2,14 @@
 // Test support: child processes (etcd, tide-metadata-server), free loopback
 // ports, temporary directories and raw TCP clients.  Every wait is bounded.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <sys/types.h>
 #include <thread>
 #include <vector>
@@ -115,6 +118,31 @@ class scripted_server {
 
  private:
   silent_listener listener_;
+  std::thread thread_;
+};
+
+/// A relay in front of a handshake port (frames: 8-byte little-endian
+/// length + payload): each frame a client sends goes on to 127.0.0.1:
+/// `upstream` and the reply comes back, unless `answer(payload)` returns
+/// bytes to send in its place.  For testing a client against a real peer
+/// that rejects some requests.  Serves one connection at a time; `answer`
+/// runs on the relay's thread.
+class frame_relay {
+ public:
+  using answer_fn = std::function<std::optional<std::string>(std::string_view payload)>;
+  frame_relay(std::uint16_t upstream, answer_fn answer);
+  ~frame_relay();
+  frame_relay(const frame_relay&) = delete;
+  frame_relay& operator=(const frame_relay&) = delete;
+  [[nodiscard]] std::uint16_t port() const noexcept { return listener_.port(); }
+
+ private:
+  void serve(int client);
+
+  silent_listener listener_;
+  std::uint16_t upstream_;
+  answer_fn answer_;
+  std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 

@@ -99,7 +99,8 @@ struct rail_health_config {
 /// re-handshook with new QPs or restarted quickly), the peer's responder
 /// rejected the request (remote_operation_error: under Soft-RoCE drops a
 /// stale or out-of-sequence request gets IBV_WC_REM_INV_REQ_ERR, issue 17
-/// item 7), the QP went bad, or the WR was flushed with such a QP (a
+/// item 7), the QP went bad (here or, in a rejected handshake, at the
+/// peer: rdma/connector.hpp), or the WR was flushed with such a QP (a
 /// victim of the same outage).  Either kind leaves the QP in error, so the
 /// retry needs the fresh endpoint anyway.  The transport retries these with
 /// backoff until the task's deadline (detail/retry_timer.hpp).  A fresh
