@@ -91,6 +91,23 @@ TEST_CASE("cooldown_us and config validation") {
   CHECK(bad.validate().error().detail.find("rail_max_cooldown") != std::string::npos);
 }
 
+TEST_CASE("which failures pause a rail, and which a fresh endpoint may cure") {
+  using tide::errc;
+  // A peer that turned the connect down for a race in its endpoint store
+  // (busy) or a failed QP setup (qp_state_error) is tried again; one that
+  // rejected it for good (handshake_rejected) or is gone is not.
+  CHECK(fresh_endpoint_may_help(errc::busy));
+  CHECK(fresh_endpoint_may_help(errc::qp_state_error));
+  CHECK(fresh_endpoint_may_help(errc::transport_retry_exceeded));
+  CHECK_FALSE(fresh_endpoint_may_help(errc::handshake_rejected));
+  CHECK_FALSE(fresh_endpoint_may_help(errc::peer_unreachable));
+  CHECK_FALSE(fresh_endpoint_may_help(errc::remote_access_error));
+  // busy is the peer's store, not the rail: the rail stays healthy.
+  CHECK_FALSE(counts_against_rail(errc::busy));
+  CHECK(counts_against_rail(errc::qp_state_error));
+  CHECK(counts_against_rail(errc::handshake_rejected));
+}
+
 TEST_CASE("rail_table: peer ids by name, rails independent, shared by threads") {
   rail_table t(cfg100());
   const auto a = t.peer_id("srv@rxe0");

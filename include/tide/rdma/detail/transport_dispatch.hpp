@@ -270,9 +270,7 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   // Past max_retry it still hops to another rail when one is healthy (rail
   // health paces that: a rail that failed is paused); else it waits out a
   // backoff for the same rail.  max_retry = 0 still means no retry at all.
-  // busy: the peer rejected the connect over a race in its endpoint store
-  // and asked for another attempt (rdma/connector.hpp, kTryAgain).
-  const bool transient = plan::fresh_endpoint_may_help(e) || connect_timed_out || e == errc::busy;
+  const bool transient = plan::fresh_endpoint_may_help(e) || connect_timed_out;
   if (!retriable || cfg_.max_retry == 0 || s.rails == nullptr || (s.retries >= cfg_.max_retry && !transient) ||
       !detail::retry_timer::before_deadline(s, std::chrono::nanoseconds{0})) {
     detail::retire_wr(s, e);

@@ -101,15 +101,17 @@ struct rail_health_config {
 /// stale or out-of-sequence request gets IBV_WC_REM_INV_REQ_ERR, issue 17
 /// item 7), the QP went bad (here or, in a rejected handshake, at the
 /// peer: rdma/connector.hpp), or the WR was flushed with such a QP (a
-/// victim of the same outage).  Either kind leaves the QP in error, so the
-/// retry needs the fresh endpoint anyway.  The transport retries these with
+/// victim of the same outage), or the peer turned the connect down over a
+/// race in its endpoint store and asked for another attempt (busy:
+/// rdma/connector.hpp, kTryAgain).  Each leaves the endpoint unusable, so
+/// the retry needs the fresh endpoint anyway.  The transport retries these with
 /// backoff until the task's deadline (detail/retry_timer.hpp).  A fresh
 /// endpoint starts with a handshake, so a peer that is gone fails that with
 /// peer_unreachable, which is not in this list: the slice then fails at
 /// once instead of waiting for its deadline.
 [[nodiscard]] constexpr bool fresh_endpoint_may_help(errc e) noexcept {
   return e == errc::transport_retry_exceeded || e == errc::rnr_retry_exceeded || e == errc::qp_state_error ||
-         e == errc::work_request_flushed || e == errc::remote_operation_error;
+         e == errc::work_request_flushed || e == errc::remote_operation_error || e == errc::busy;
 }
 
 /// What a rail looks like right now (stats, tests).
