@@ -245,23 +245,16 @@ bool send_all(int fd, std::string_view bytes) {
   return true;
 }
 
-// One frame's payload (at most 1 MiB of it), or nothing on EOF, error or timeout.
+// One whole frame (header + at most 1 MiB of payload), or nothing on EOF,
+// error or timeout.
 std::optional<std::string> read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
-  unsigned char hdr[8];
-  if (!read_exact(fd, reinterpret_cast<char*>(hdr), 8, deadline)) return std::nullopt;
+  std::string frame(8, '\0');
+  if (!read_exact(fd, frame.data(), 8, deadline)) return std::nullopt;
   std::uint64_t len = 0;
-  for (int i = 7; i >= 0; --i) len = (len << 8) | hdr[i];
-  std::string payload(static_cast<std::size_t>(std::min<std::uint64_t>(len, 1 << 20)), '\0');
-  if (!read_exact(fd, payload.data(), payload.size(), deadline)) return std::nullopt;
-  return payload;
-}
-
-std::string frame_of(std::string_view payload) {
-  std::string out(8, '\0');
-  std::uint64_t len = payload.size();
-  for (int i = 0; i < 8; ++i, len >>= 8) out[static_cast<std::size_t>(i)] = static_cast<char>(len & 0xff);
-  out.append(payload);
-  return out;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(frame[static_cast<std::size_t>(i)]);
+  frame.resize(8 + static_cast<std::size_t>(std::min<std::uint64_t>(len, 1 << 20)));
+  if (!read_exact(fd, frame.data() + 8, frame.size() - 8, deadline)) return std::nullopt;
+  return frame;
 }
 
 int connect_loopback(std::uint16_t port) {
@@ -320,16 +313,16 @@ void frame_relay::serve(int client) {
   constexpr auto kWait = std::chrono::seconds(30);
   int up = -1;
   while (!stop_.load()) {
-    auto payload = read_frame(client, std::chrono::steady_clock::now() + kWait);
-    if (!payload) break;
-    if (auto reply = answer_(*payload)) {
+    auto frame = read_frame(client, std::chrono::steady_clock::now() + kWait);
+    if (!frame) break;
+    if (auto reply = answer_(std::string_view(*frame).substr(8))) {
       if (!send_all(client, *reply)) break;
       continue;
     }
     if (up < 0 && (up = connect_loopback(upstream_)) < 0) break;
-    if (!send_all(up, frame_of(*payload))) break;
+    if (!send_all(up, *frame)) break;
     auto reply = read_frame(up, std::chrono::steady_clock::now() + kWait);
-    if (!reply || !send_all(client, frame_of(*reply))) break;
+    if (!reply || !send_all(client, *reply)) break;
   }
   if (up >= 0) ::close(up);
 }
