@@ -355,6 +355,7 @@ class py_engine {
     notes["dropped_count"] = n.dropped_count;
     notes["dropped_bytes"] = n.dropped_bytes;
     notes["dropped_rate"] = n.dropped_rate;
+    notes["duplicates"] = n.duplicates;
     notes["queued"] = n.queued;
     pyb::dict sent;
     sent["submitted"] = o.submitted;

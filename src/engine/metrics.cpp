@@ -221,6 +221,9 @@ void notify(writer& w, const notify_stats& n) {
   w.sample("tide_notify_refused_total", {{"bound", "count"}}, n.dropped_count);
   w.sample("tide_notify_refused_total", {{"bound", "bytes"}}, n.dropped_bytes);
   w.sample("tide_notify_refused_total", {{"bound", "rate"}}, n.dropped_rate);
+  w.family("tide_notify_duplicates_total", "counter",
+           "Copies of notifications already taken (a SEND also sent over TCP), dropped.");
+  w.sample("tide_notify_duplicates_total", {}, n.duplicates);
   w.family("tide_notify_queued", "gauge", "Notifications waiting to be taken.");
   w.sample("tide_notify_queued", {}, static_cast<std::uint64_t>(n.queued));
   w.family("tide_notify_queued_bytes", "gauge", "Bytes of the notifications waiting to be taken.");

@@ -151,7 +151,9 @@ result<handshake_desc> decode_handshake(std::string_view text) try {
 // ---------------------------------------------------------------- notify
 
 std::string encode_notify(const notify_desc& d) {
-  return detail::dump_line(json{{"name", d.name}, {"notify_msg", d.notify_msg}});
+  json j{{"name", d.name}, {"notify_msg", d.notify_msg}};
+  if (d.id) j["tide_id"] = json{{"origin", d.id->origin}, {"seq", d.id->seq}};
+  return detail::dump_line(j);
 }
 
 result<notify_desc> decode_notify(std::string_view text) try {
@@ -161,6 +163,14 @@ result<notify_desc> decode_notify(std::string_view text) try {
   json_field f{root, ""};
   TIDE_TRY_ASSIGN(d.name, f.string("name"));
   TIDE_TRY_ASSIGN(d.notify_msg, f.string("notify_msg"));
+  if (const json* v = f.find("tide_id")) {
+    if (!v->is_object()) return detail::wrong_type(*v, "tide_id", "an object");
+    json_field idf{*v, "tide_id"};
+    notify_id id;
+    TIDE_TRY_ASSIGN(id.origin, idf.unsigned_int("origin", UINT64_MAX));
+    TIDE_TRY_ASSIGN(id.seq, idf.unsigned_int("seq", UINT64_MAX));
+    d.id = id;
+  }
   return d;
 } catch (const std::exception& e) {
   return malformed("notify", std::string("cannot decode: ") + e.what());

@@ -177,6 +177,7 @@ metrics::inputs sample_inputs() {
   in.client = {4, 1, 2};
   in.notify.accepted = 7;
   in.notify.dropped_rate = 3;
+  in.notify.duplicates = 2;
   return in;
 }
 
@@ -343,6 +344,7 @@ TEST_CASE("metrics::format: every line parses, TYPE before samples, escaped labe
   CHECK(find(p, "tide_task_errors_total", {{"reason", "transport_retry_exceeded"}})->value == 1);
   CHECK(find(p, "tide_handshake_client_total", {{"result", "auth_failed"}})->value == 2);
   CHECK(find(p, "tide_notify_refused_total", {{"bound", "rate"}})->value == 3);
+  CHECK(find(p, "tide_notify_duplicates_total", {})->value == 2);
   // Histograms: cumulative, +Inf == _count, for every (op, size class).
   int series = 0;
   for (const char* op : {"read", "write"})

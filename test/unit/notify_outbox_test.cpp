@@ -1,19 +1,24 @@
 // detail::notify_outbox and the task_group hook of finish_task, without
 // devices: a notification goes out once, after the last task of its submit
 // is final, only when all of them COMPLETED; refusals and errors are
-// counted; stop() delivers what is queued.  Tasks are retired with the
+// counted; stop() delivers what is queued; a copy sent over TCP after a
+// SEND whose fate was unknown is dropped by the target's inbox (notify_id,
+// on both wires).  Tasks are retired with the
 // transport's own retire_slice, from several threads (run under TSan by
 // tools/sanitize).
 #include <tide/detail/notify_inbox.hpp>
 #include <tide/detail/notify_outbox.hpp>
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/notify_qp.hpp>
 
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -214,4 +219,141 @@ TEST_CASE("notify_inbox::take with a wait: a push wakes it early, an empty inbox
   t0 = steady_clock::now();
   CHECK(inbox.take(seconds(10)).size() == 1);
   CHECK(steady_clock::now() - t0 < seconds(1));
+}
+
+namespace {
+
+// Lane 0 of the initiator's context as far as a notification sees it: takes
+// the item, and the test decides what became of the SEND.
+struct fake_lane final : rdma::detail::notify_sink {
+  std::mutex mu;
+  std::vector<rdma::detail::notify_send*> taken;
+  bool take_notify(rdma::detail::notify_send* n) noexcept override {
+    std::lock_guard lock(mu);
+    taken.push_back(n);
+    return true;
+  }
+};
+
+// The SEND's bytes as the target's lane decodes them.
+notify_desc over_rdma(const notify_desc& n) {
+  std::vector<std::byte> slot(rdma::detail::kNotifySlot);
+  const std::uint32_t len = rdma::detail::encode_notify_message(n, slot.data());
+  REQUIRE(len != 0);
+  auto d = rdma::detail::decode_notify_send(slot.data(), len);
+  REQUIRE(d.ok);
+  return d.msg;
+}
+
+}  // namespace
+
+TEST_CASE("a SEND the target took but whose completion teardown flushed, sent again over TCP, is taken once") {
+  detail::notify_inbox target;
+  // The TCP path: Mooncake's notify message, through its JSON.
+  detail::notify_outbox out([&](const std::string&, const notify_desc& n) -> status {
+    auto back = decode_notify(encode_notify(n));
+    if (!back) return fail(back.error());
+    if (!target.push(*back, back->name)) return fail(errc::handshake_rejected, "refused");
+    return {};
+  });
+  fake_lane lane;
+  batch_state b(2);
+  for (std::size_t k = 0; k < 2; ++k) {
+    auto item = out.make("peer:1", notify_desc{"me", "kv " + std::to_string(k)}, 1);
+    item->sink = &lane;
+    submit(b, k, 1, 1, item.get());
+    (void)item.release();
+    rdma::detail::retire_slice(b.tasks[k].slices[0], errc::ok);
+  }
+  REQUIRE(lane.taken.size() == 2);
+  // kv 0: delivered, then the QP flushed before its completion came (teardown).
+  CHECK(target.push(over_rdma(lane.taken[0]->wire_msg), "me"));
+  lane.taken[0]->sent(false);
+  // kv 1: never went out (no credit in time).
+  lane.taken[1]->sent(false);
+  REQUIRE(eventually([&] { return out.stats().pending == 0; }));
+  CHECK(out.stats().rdma_fallbacks == 2);
+  CHECK(out.stats().sent_tcp == 2);
+  const auto got = target.take();
+  REQUIRE(got.size() == 2);
+  CHECK(got[0] == notify_desc{"me", "kv 0"});  // the id stays in the inbox
+  CHECK(got[1] == notify_desc{"me", "kv 1"});
+  CHECK(target.stats().duplicates == 1);
+  CHECK(target.stats().accepted == 2);
+}
+
+TEST_CASE("notify_outbox: each notification gets its own id under the outbox's origin; two outboxes differ") {
+  fake_peer w;
+  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  detail::notify_outbox other([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  batch_state b(3);
+  for (std::size_t k = 0; k < 3; ++k) {
+    auto item = (k < 2 ? out : other).make("peer:1", notify_desc{"me", std::to_string(k)}, 1);
+    submit(b, k, 1, 1, item.get());
+    (void)item.release();
+    rdma::detail::retire_slice(b.tasks[k].slices[0], errc::ok);
+  }
+  REQUIRE(eventually([&] { return w.count() == 3; }));
+  std::lock_guard lock(w.mu);
+  std::map<std::string, notify_id> by_msg;
+  for (const auto& [seg, n] : w.sent) {
+    REQUIRE(n.id.has_value());
+    by_msg[n.notify_msg] = *n.id;
+  }
+  CHECK(by_msg["0"].origin == by_msg["1"].origin);
+  CHECK(by_msg["0"].seq != by_msg["1"].seq);
+  CHECK(by_msg["0"].seq != 0);
+  CHECK(by_msg["2"].origin != by_msg["0"].origin);  // 2^-64 to fail by chance
+}
+
+TEST_CASE("notify_inbox: a copy is dropped per sender and origin, within the window; what a bound refused is not remembered") {
+  detail::notify_inbox box({.max_count = 4, .max_bytes = 1000, .rate_per_sec = 0});
+  auto msg = [](std::uint64_t origin, std::uint64_t seq) {
+    return notify_desc{"p", "m", notify_id{origin, seq}};
+  };
+  CHECK(box.push(msg(1, 5), "p"));
+  CHECK(box.push(msg(1, 5), "p"));     // the copy: answered as taken
+  CHECK(box.push(msg(1, 3), "p"));     // older, not seen: taken
+  CHECK(box.push(msg(2, 5), "p"));     // another origin
+  CHECK(box.push(msg(1, 5), "q"));     // another sender (a claimed origin cannot silence someone else's)
+  CHECK(box.stats().duplicates == 1);
+  CHECK(box.stats().accepted == 4);
+  CHECK_FALSE(box.push(msg(1, 6), "p"));  // inbox full: refused, not remembered
+  CHECK(box.stats().dropped_count == 1);
+  CHECK(box.take().size() == 4);
+  CHECK(box.push(msg(1, 6), "p"));  // the same id, now that there is room: taken
+  CHECK(box.push(msg(1, 3), "p"));  // still in the window: a copy
+  // Past the window: the oldest ids are forgotten and taken again (a copy
+  // comes within a handshake timeout, not kSeqWindow notifications later).
+  CHECK(box.take().size() == 1);
+  CHECK(box.push(msg(1, 6 + detail::notify_inbox::kSeqWindow), "p"));
+  CHECK(box.push(msg(1, 6), "p"));
+  CHECK(box.push(msg(1, 6 + detail::notify_inbox::kSeqWindow), "p"));
+  // Without an id (Mooncake, send_notify) nothing is ever dropped as a copy.
+  CHECK(box.take().size() == 2);
+  CHECK(box.push(notify_desc{"p", "m"}, "p"));
+  CHECK(box.push(notify_desc{"p", "m"}, "p"));
+  CHECK(box.stats().duplicates == 3);
+  CHECK(box.take().size() == 2);
+}
+
+TEST_CASE("a notification's id survives both wires; a SEND without one (version 1) still decodes") {
+  const notify_desc with{"node:1", "kv 7", notify_id{0xfedcba9876543210ull, 42}};
+  CHECK(over_rdma(with) == with);
+  auto json_back = decode_notify(encode_notify(with));
+  REQUIRE(json_back);
+  CHECK(*json_back == with);
+  const notify_desc without{"node:1", "kv 7"};
+  CHECK(over_rdma(without) == without);
+  CHECK(encode_notify(without).find("tide_id") == std::string::npos);  // Mooncake's bytes
+  std::vector<std::byte> slot(rdma::detail::kNotifySlot);
+  CHECK(rdma::detail::encode_notify_message(without, slot.data()) == rdma::detail::kNotifyHeader + 10);
+  const std::uint32_t len = rdma::detail::encode_notify_message(with, slot.data());
+  CHECK(len == rdma::detail::kNotifyIdHeader + 10);
+  CHECK_FALSE(rdma::detail::decode_notify_send(slot.data(), len - 1).ok);
+  slot[1] = std::byte{3};  // an unknown version is dropped, not misread
+  CHECK_FALSE(rdma::detail::decode_notify_send(slot.data(), len).ok);
+  CHECK(decode_notify(R"({"name":"a","notify_msg":"m","tide_id":7})").error().detail.find("tide_id") != std::string::npos);
+  CHECK(decode_notify(R"({"name":"a","notify_msg":"m","tide_id":{"origin":1}})").error().detail.find("tide_id.seq: missing") !=
+        std::string::npos);
 }

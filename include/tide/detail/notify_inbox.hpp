@@ -11,6 +11,15 @@
 // entries; past that it starts over (the rate bound then restarts for all,
 // the count and byte bounds still hold).
 //
+// Duplicates: a transfer-bound notification carries a notify_id, and the
+// sender may deliver it twice (a SEND whose completion teardown flushed is
+// sent again over TCP).  Per sender and origin the inbox remembers which of
+// the last kSeqWindow sequence numbers it took, and drops a copy of one
+// (counted, reported to the sender as taken: it was).  An id older than the
+// window is taken: the copies come within a handshake timeout of each other,
+// far inside it, and losing a notification is worse than doubling one.
+// The origin table has the sender table's bound and the same start-over.
+//
 // Thread safety: every member takes the one mutex; push runs on handshake
 // handler threads and on lane 0 of a context (RDMA notifications), take and
 // stats on user threads.
@@ -18,6 +27,7 @@
 #include <tide/wire/descriptors.hpp>
 
 #include <algorithm>
+#include <bitset>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -46,6 +56,7 @@ struct notify_stats {
   std::uint64_t dropped_count = 0;  ///< refused: max_count messages already queued
   std::uint64_t dropped_bytes = 0;  ///< refused: max_bytes would be exceeded
   std::uint64_t dropped_rate = 0;   ///< refused: the sender passed rate_per_sec
+  std::uint64_t duplicates = 0;     ///< a copy of one already taken (same notify_id): dropped
   std::size_t queued = 0;           ///< messages waiting for take_notifies()
   std::size_t queued_bytes = 0;
 };
@@ -55,14 +66,21 @@ namespace detail {
 class notify_inbox {
  public:
   static constexpr std::size_t kMaxSenders = 4096;
+  static constexpr std::size_t kSeqWindow = 1024;
   using clock = std::chrono::steady_clock;
 
   explicit notify_inbox(notify_limits limits = {}) : limits_(limits) {}
 
-  /// Queues `n` unless a bound refuses it; returns whether it was queued.
+  /// Queues `n` (without its id) unless a bound refuses it; returns whether
+  /// it was queued, or was a copy of one queued before.
   bool push(const notify_desc& n, std::string_view sender) {
     const std::size_t size = n.name.size() + n.notify_msg.size();
     std::lock_guard lock(mu_);
+    seq_window* seen = n.id ? &window_of(sender, n.id->origin) : nullptr;
+    if (seen != nullptr && seen->has(n.id->seq)) {
+      ++stats_.duplicates;
+      return true;
+    }
     if (limits_.rate_per_sec != 0 && !take_token(sender)) {
       ++stats_.dropped_rate;
       return false;
@@ -76,6 +94,8 @@ class notify_inbox {
       return false;
     }
     q_.push_back(n);
+    q_.back().id.reset();
+    if (seen != nullptr) seen->add(n.id->seq);
     bytes_ += size;
     ++stats_.accepted;
     if (waiters_ != 0) arrived_.notify_all();
@@ -110,6 +130,32 @@ class notify_inbox {
     clock::time_point last{};
   };
 
+  // Which of the kSeqWindow sequence numbers up to `top` were taken (bit i:
+  // top - i), as an anti-replay window; sequence numbers start at 1.
+  struct seq_window {
+    std::uint64_t top = 0;
+    std::bitset<kSeqWindow> taken;
+    [[nodiscard]] bool has(std::uint64_t seq) const noexcept {
+      return seq <= top && top - seq < kSeqWindow && taken.test(top - seq);
+    }
+    void add(std::uint64_t seq) noexcept {
+      if (seq > top) {
+        if (seq - top >= kSeqWindow) taken.reset();
+        else taken <<= (seq - top);
+        top = seq;
+      }
+      if (top - seq < kSeqWindow) taken.set(top - seq);
+    }
+  };
+
+  seq_window& window_of(std::string_view sender, std::uint64_t origin) {
+    std::string key(sender);
+    key.push_back('\0');
+    key.append(reinterpret_cast<const char*>(&origin), sizeof origin);
+    if (windows_.size() >= kMaxSenders && windows_.find(key) == windows_.end()) windows_.clear();
+    return windows_[key];
+  }
+
   bool take_token(std::string_view sender) {
     if (senders_.size() >= kMaxSenders && senders_.find(std::string(sender)) == senders_.end()) senders_.clear();
     const auto now = clock::now();
@@ -133,6 +179,7 @@ class notify_inbox {
   std::deque<notify_desc> q_;
   std::size_t bytes_ = 0;
   std::unordered_map<std::string, bucket> senders_;
+  std::unordered_map<std::string, seq_window> windows_;  ///< key: sender, '\0', origin's bytes
   notify_stats stats_;
 };
 

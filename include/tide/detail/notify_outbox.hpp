@@ -24,7 +24,8 @@
 // which queues it here again: delivered -> counted (sent_rdma), else (no credit in time, QP
 // error, teardown) it goes over TCP as before (rdma_fallbacks).  A SEND whose
 // QP failed after the target took it but before its ack came back is sent
-// again over TCP: the one case where the target may see a notification twice.
+// again over TCP; each item carries a notify_id (this outbox's random origin,
+// a sequence number) on both paths, and the target's inbox drops the copy.
 //
 // Thread safety: make(), rdma_on() and stats() any thread; done() the retiring lane;
 // sent() lane 0 of a context; set_rdma()/disable_rdma() the owner (the rdma
@@ -43,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -119,6 +121,7 @@ class notify_outbox {
     it->segment = std::move(segment);
     it->target = target;
     it->wire_msg = std::move(msg);
+    it->wire_msg.id = notify_id{origin_, next_seq_.fetch_add(1, std::memory_order_relaxed) + 1};
     it->left.store(tasks, std::memory_order_relaxed);
     submitted_.fetch_add(1, std::memory_order_relaxed);
     pending_.fetch_add(1, std::memory_order_relaxed);
@@ -244,7 +247,16 @@ class notify_outbox {
     }
   }
 
+  /// Random, so that an engine restarted under the same name does not
+  /// reuse the ids its previous run sent (the target would drop them).
+  static std::uint64_t random_origin() {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd();
+  }
+
   send_fn send_;
+  const std::uint64_t origin_ = random_origin();
+  std::atomic<std::uint64_t> next_seq_{0};
   std::mutex rdma_mu_;  ///< held while rdma_ runs (disable_rdma waits for it)
   rdma_fn rdma_;        ///< under rdma_mu_; empty: TCP only
   std::atomic<bool> rdma_on_{false};  ///< rdma_ is set (read without the mutex by submits)

@@ -155,10 +155,25 @@ struct handshake_desc {
 /// Most receive credits a handshake may advertise for RDMA notifications.
 inline constexpr std::uint32_t kMaxNotifyCredits = 64;
 
+/// Names one transfer-bound notification: its sending engine (a random
+/// origin drawn when the engine starts) and a sequence number there.  A SEND
+/// whose completion teardown flushed is sent again over TCP, and only the
+/// target can tell whether the first copy arrived: its inbox drops an id it
+/// has already taken.
+struct notify_id {
+  std::uint64_t origin = 0;
+  std::uint64_t seq = 0;
+  friend bool operator==(const notify_id&, const notify_id&) = default;
+};
+
 /// The Notify (type 2) message.
 struct notify_desc {
   std::string name;
   std::string notify_msg;
+  /// tide's extension (JSON "tide_id": {"origin", "seq"}), set on
+  /// transfer-bound notifications; Mooncake ignores it and never sends it.
+  /// The inbox consumes it: take_notifies() returns messages without it.
+  std::optional<notify_id> id{};
   friend bool operator==(const notify_desc&, const notify_desc&) = default;
 };
 
@@ -215,8 +230,10 @@ struct notify_desc {
 /// 2048, 4096), psn, notify_credits (1..kMaxNotifyCredits).
 [[nodiscard]] result<handshake_desc> decode_handshake(std::string_view json);
 
+/// `tide_id` is written only when set.
 [[nodiscard]] std::string encode_notify(const notify_desc& desc);
-/// Required: name, notify_msg (strings).
+/// Required: name, notify_msg (strings); optional: tide_id (an object of two
+/// unsigned integers, origin and seq).
 [[nodiscard]] result<notify_desc> decode_notify(std::string_view json);
 
 /// Syntax check only: `text` is one JSON value (surrounding whitespace

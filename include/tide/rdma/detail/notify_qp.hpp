@@ -43,6 +43,10 @@ namespace tide::rdma::detail {
 /// constant of the notify_credits extension, not a setting.
 inline constexpr std::uint32_t kNotifySlot = 4608;
 inline constexpr std::uint32_t kNotifyHeader = 8;
+/// A message's header with its notify_id (version 2): kNotifyHeader, then
+/// origin and seq.  Receivers take both versions; senders write version 2
+/// when the message has an id (every transfer-bound one does).
+inline constexpr std::uint32_t kNotifyIdHeader = kNotifyHeader + 16;
 /// Receives kept for credit messages, and send buffers for them.
 inline constexpr std::uint32_t kCreditReserve = 2;
 inline constexpr std::uint32_t kMaxNotifyTx = kMaxNotifyCredits + kCreditReserve;
@@ -53,16 +57,21 @@ enum class notify_kind : std::uint8_t { message = 'N', credit = 'C' };
 /// Encodes `n` as a message SEND into `out` (kNotifySlot bytes).  Returns
 /// the length, or 0 when it does not fit (the caller falls back to TCP).
 [[nodiscard]] inline std::uint32_t encode_notify_message(const notify_desc& n, std::byte* out) noexcept {
-  const std::size_t len = kNotifyHeader + n.name.size() + n.notify_msg.size();
+  const std::uint32_t header = n.id ? kNotifyIdHeader : kNotifyHeader;
+  const std::size_t len = header + n.name.size() + n.notify_msg.size();
   if (len > kNotifySlot || n.name.size() > 0xffff) return 0;
   const auto nl = static_cast<std::uint16_t>(n.name.size());
   const auto ml = static_cast<std::uint32_t>(n.notify_msg.size());
   out[0] = std::byte{static_cast<std::uint8_t>(notify_kind::message)};
-  out[1] = std::byte{1};  // version
+  out[1] = std::byte{static_cast<std::uint8_t>(n.id ? 2 : 1)};  // version
   std::memcpy(out + 2, &nl, 2);
   std::memcpy(out + 4, &ml, 4);
-  std::memcpy(out + kNotifyHeader, n.name.data(), n.name.size());
-  std::memcpy(out + kNotifyHeader + n.name.size(), n.notify_msg.data(), n.notify_msg.size());
+  if (n.id) {
+    std::memcpy(out + kNotifyHeader, &n.id->origin, 8);
+    std::memcpy(out + kNotifyHeader + 8, &n.id->seq, 8);
+  }
+  std::memcpy(out + header, n.name.data(), n.name.size());
+  std::memcpy(out + header + n.name.size(), n.notify_msg.data(), n.notify_msg.size());
   return static_cast<std::uint32_t>(len);
 }
 
@@ -84,7 +93,8 @@ struct notify_decoded {
 };
 [[nodiscard]] inline notify_decoded decode_notify_send(const std::byte* in, std::uint32_t len) {
   notify_decoded d;
-  if (len < kNotifyHeader || len > kNotifySlot || in[1] != std::byte{1}) return d;
+  if (len < kNotifyHeader || len > kNotifySlot) return d;
+  const auto version = std::to_integer<std::uint8_t>(in[1]);
   std::uint16_t nl = 0;
   std::uint32_t v = 0;
   std::memcpy(&nl, in + 2, 2);
@@ -92,12 +102,19 @@ struct notify_decoded {
   if (in[0] == std::byte{static_cast<std::uint8_t>(notify_kind::credit)}) {
     d.kind = notify_kind::credit;
     d.credits = v;
-    d.ok = len == kNotifyHeader && v <= kMaxNotifyCredits;
+    d.ok = version == 1 && len == kNotifyHeader && v <= kMaxNotifyCredits;
     return d;
   }
-  if (in[0] != std::byte{static_cast<std::uint8_t>(notify_kind::message)}) return d;
-  if (std::size_t{kNotifyHeader} + nl + v != len) return d;
-  const char* p = reinterpret_cast<const char*>(in + kNotifyHeader);
+  if (in[0] != std::byte{static_cast<std::uint8_t>(notify_kind::message)} || (version != 1 && version != 2)) return d;
+  const std::uint32_t header = version == 2 ? kNotifyIdHeader : kNotifyHeader;
+  if (std::size_t{header} + nl + v != len) return d;
+  if (version == 2) {
+    notify_id id;
+    std::memcpy(&id.origin, in + kNotifyHeader, 8);
+    std::memcpy(&id.seq, in + kNotifyHeader + 8, 8);
+    d.msg.id = id;
+  }
+  const char* p = reinterpret_cast<const char*>(in + header);
   d.msg.name.assign(p, nl);
   d.msg.notify_msg.assign(p + nl, v);
   d.ok = true;
