@@ -379,6 +379,22 @@ TEST_CASE("handshake: tide's psn extension round-trips; out of range or miscount
   CHECK(count.error().detail.find("psn") != std::string::npos);
 }
 
+TEST_CASE("notify: tide's id extension round-trips; without it the bytes are Mooncake's; a bad one is refused") {
+  const notify_desc with{"node:1", "kv 7", notify_id{0xfedcba9876543210ull, 42}};
+  auto back = decode_notify(encode_notify(with));
+  REQUIRE(back);
+  CHECK(*back == with);
+  const notify_desc without{"node:1", "kv 7"};
+  CHECK(encode_notify(without) == "{\"name\":\"node:1\",\"notify_msg\":\"kv 7\"}\n");
+  CHECK_FALSE(decode_notify(encode_notify(without))->id.has_value());
+  CHECK(decode_notify(R"({"name":"a","notify_msg":"m","tide_id":7})").error().detail.find("tide_id: expected an object") !=
+        std::string::npos);
+  CHECK(decode_notify(R"({"name":"a","notify_msg":"m","tide_id":{"origin":1}})").error().detail.find("tide_id.seq: missing") !=
+        std::string::npos);
+  CHECK(decode_notify(R"({"name":"a","notify_msg":"m","tide_id":{"origin":-1,"seq":1}})").error().detail.find(
+            "tide_id.origin") != std::string::npos);
+}
+
 TEST_CASE("handshake: tide's notify_credits extension round-trips; without it the bytes are as before") {
   handshake_desc d;
   d.local_nic_path = "10.0.0.1:15000@rxe0";
