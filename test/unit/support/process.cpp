@@ -115,16 +115,26 @@ temp_dir::~temp_dir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+namespace {
+
+// 127.0.0.1:port (0: any free port, for bind).
+sockaddr_in loopback(std::uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  return a;
+}
+
+}  // namespace
+
 std::vector<std::uint16_t> free_loopback_ports(std::size_t n) {
   std::vector<int> fds;
   std::vector<std::uint16_t> ports;
   for (std::size_t i = 0; i < n; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
+    sockaddr_in a = loopback(0);
     REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
     socklen_t len = sizeof a;
     REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
@@ -145,10 +155,7 @@ raw_client::raw_client(std::uint16_t port, const char* source) {
     REQUIRE_MESSAGE(::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0,
                     "bind to " << source << ": " << std::strerror(errno));
   }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
+  sockaddr_in a = loopback(port);
   REQUIRE_MESSAGE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0,
                   "connect to 127.0.0.1:" << port << ": " << std::strerror(errno));
   const int one = 1;
@@ -205,9 +212,7 @@ raw_client::read_result raw_client::read_until_eof(std::chrono::milliseconds tim
 silent_listener::silent_listener() {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd_ >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = loopback(0);
   REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
   REQUIRE(::listen(fd_, 16) == 0);
   socklen_t len = sizeof a;
@@ -260,10 +265,7 @@ std::optional<std::string> read_frame(int fd, std::chrono::steady_clock::time_po
 int connect_loopback(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
+  sockaddr_in a = loopback(port);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
     return -1;
