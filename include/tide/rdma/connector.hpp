@@ -225,6 +225,13 @@ class connector {
     return {};
   }
 
+  // A rejection the peer marked as transient reads as one in the log: its
+  // slices are retried (as `code`), not failed.
+  static std::string with_retry_note(std::string why, errc sent, errc code) {
+    if (code != sent) why += "; retried until the task's deadline (" + std::string(to_string(code)) + ")";
+    return why;
+  }
+
   void fail_connect(endpoint& e, errc code, const std::string& why) noexcept {
     if (code != errc::ok) {
       TIDE_LOG_WARN(ctx_.name() << ": connect to " << e.peer_nic_path() << " failed: " << why);
@@ -270,13 +277,15 @@ class connector {
       // single rail, a transfer a second attempt would have carried.
       const errc code = reply.error().code == errc::handshake_rejected ? rejection_code(reply.error().detail)
                                                                         : reply.error().code;
-      fail_connect(e, code, reply.error().message());
+      fail_connect(e, code, with_retry_note(reply.error().message(), reply.error().code, code));
       return;
     }
     if (!reply->reply_msg.empty()) {
       setup.unlock();
-      fail_connect(e, rejection_code(reply->reply_msg),
-                   e.peer_nic_path() + " rejected the connection: " + reply->reply_msg);
+      const errc code = rejection_code(reply->reply_msg);
+      fail_connect(e, code,
+                   with_retry_note(e.peer_nic_path() + " rejected the connection: " + reply->reply_msg,
+                                   errc::handshake_rejected, code));
       return;
     }
     if (reply->local_nic_path != e.peer_nic_path() || reply->peer_nic_path != e.local_nic_path()) {
