@@ -8,10 +8,15 @@ batch: each thread pushes batches of --batch blocks with batch_transfer_sync_wri
 (its own region of the target's buffer); bytes/s and CPU s/GB (this process).
 latency: one transfer_sync_write / transfer_sync_read at a time; p50 and p99 in us.
 Every call must return 0: a failed one ends the run with an error.
+
+Buffers are page-aligned anonymous mappings, as tide-bench's are (--alloc numpy: numpy's
+own allocation, which starts 16 bytes past a page for large arrays and anywhere for a 4 KiB
+one, so every block spans one page more than tide-bench's).
 """
 import argparse
 import importlib
 import json
+import mmap
 import resource
 import sys
 import threading
@@ -25,6 +30,14 @@ def size(text):
     return int(text[:-1] if mult != 1 else text) * mult
 
 
+def buffer(nbytes, fill, alloc):
+    if alloc == "numpy":
+        return np.full(nbytes, fill, np.uint8)
+    arr = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)  # the array keeps the mapping alive
+    arr[:] = fill
+    return arr
+
+
 def cpu_seconds():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -36,6 +49,7 @@ def main():
     ap.add_argument("--device", required=True)
     ap.add_argument("--module", default="tide")
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--alloc", choices=["mmap", "numpy"], default="mmap")
     sub = ap.add_subparsers(dest="mode", required=True)
     b = sub.add_parser("batch")
     b.add_argument("--threads", type=int, default=1)
@@ -56,7 +70,7 @@ def main():
         sys.exit(f"no buffer at {a.segment}")
 
     if a.mode == "latency":
-        buf = np.ones(a.size, np.uint8)
+        buf = buffer(a.size, 1, a.alloc)
         # The address once, as the serving stacks keep it: numpy's .ctypes builds an object per
         # access (1.3 us on the host, ten times that in a TCG VM), which is not the call's cost.
         addr = buf.ctypes.data
@@ -75,7 +89,7 @@ def main():
         return
 
     region = a.block * a.batch
-    bufs = [np.full(region, t + 1, np.uint8) for t in range(a.threads)]
+    bufs = [buffer(region, t + 1, a.alloc) for t in range(a.threads)]
     for buf in bufs:
         assert te.register_memory(buf.ctypes.data, buf.nbytes) == 0
     done, moved, failed = threading.Event(), [0] * a.threads, []
