@@ -9,7 +9,7 @@ batch: each thread pushes batches of --batch blocks with batch_transfer_sync_wri
 latency: one transfer_sync_write / transfer_sync_read at a time; p50 and p99 in us.
 Every call must return 0: a failed one ends the run with an error.
 
-Buffers are page-aligned anonymous mappings, as tide-bench's are (--alloc numpy: numpy's
+Buffers are page-aligned private anonymous mappings, as tide-bench's are (--alloc numpy: numpy's
 own allocation, which starts 16 bytes past a page for large arrays and anywhere for a 4 KiB
 one, so every block spans one page more than tide-bench's).
 """
@@ -33,7 +33,8 @@ def size(text):
 def buffer(nbytes, fill, alloc):
     if alloc == "numpy":
         return np.full(nbytes, fill, np.uint8)
-    arr = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)  # the array keeps the mapping alive
+    # MAP_PRIVATE as tide-bench's (Python's default for an anonymous mmap is MAP_SHARED).
+    arr = np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), np.uint8)  # the array keeps the mapping alive
     arr[:] = fill
     return arr
 

@@ -10,6 +10,7 @@
 #include "completion.hpp"
 #include "engine_iface.hpp"
 #include "errors.hpp"
+#include "fast_call.hpp"
 #include "mooncake_calls.hpp"
 
 #include <pybind11/stl.h>
@@ -183,14 +184,14 @@ class py_engine {
     return run_named(segment, lists.total_bytes(), base_s, per_byte_s, notify,
                      [&](segment_id target) { return lists.requests(o, target); });
   }
-  /// transfer_named of one request given as three integers (what
-  /// transfer_sync_write / _read pass): no sequences to read, no vectors.
-  pyb::object transfer_one(const std::string& segment, int op, const pyb::handle& local, const pyb::handle& remote,
-                           const pyb::handle& length, double base_s, double per_byte_s,
-                           const std::optional<note_tuple>& notify) {
+  /// transfer_named of one request given as three integers, without a
+  /// notification (what transfer_sync_write / _read pass): no sequences to
+  /// read, no vectors.  Python calls it as sync_one (below).
+  pyb::object transfer_one(const std::string& segment, int op, pyb::handle local, pyb::handle remote,
+                           pyb::handle length, double base_s, double per_byte_s) {
     const transfer_op o = opcode_of(op);
     const one_address a = read_one_address(local, remote, length);
-    return run_named(segment, a.length, base_s, per_byte_s, notify,
+    return run_named(segment, a.length, base_s, per_byte_s, std::nullopt,
                      [&](segment_id target) { return std::array{a.request(o, target)}; });
   }
   /// allocate + submit of Mooncake's arguments (as transfer_named's);
@@ -480,9 +481,36 @@ class py_engine {
   std::shared_ptr<core> core_;  ///< null once closed; read and written with the GIL held
 };
 
+/// py_engine::transfer_one as a METH_FASTCALL function (fast_call.hpp):
+/// the path of tide.TransferEngine.transfer_sync_write / _read.  All eight
+/// arguments positional; None, or transfer_named's failure tuple.
+PyObject* sync_one(PyObject*, PyObject* const* args, Py_ssize_t n) noexcept {
+  return fast_call([&]() -> pyb::object {
+    if (n != 8)
+      throw pyb::type_error("sync_one(engine, target_hostname, opcode, buffer, peer_address, length, base_timeout, "
+                            "timeout_per_byte) takes 8 arguments, got " + std::to_string(n));
+    const pyb::handle engine(args[0]);
+    if (!pyb::isinstance<py_engine>(engine))
+      throw pyb::type_error(std::string("sync_one: engine must be a tide._tide.Engine, got ") +
+                            Py_TYPE(args[0])->tp_name);
+    return engine.cast<py_engine&>().transfer_one(
+        text_argument(args[1], "target_hostname"), int_argument(args[2], "opcode"), args[3], args[4], args[5],
+        float_argument(args[6], "base_timeout"), float_argument(args[7], "timeout_per_byte"));
+  });
+}
+
+PyMethodDef sync_one_def{"sync_one", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&sync_one)),
+                         METH_FASTCALL,
+                         "sync_one(engine, target_hostname, opcode, buffer, peer_address, length, base_timeout, "
+                         "timeout_per_byte): Engine.transfer_named of one request given as three ints, without "
+                         "a notification.  None when it completed; else transfer_named's tuple."};
+
 }  // namespace
 
 void init_engine(pyb::module_& m) {
+  PyObject* sync_one_fn = PyCFunction_NewEx(&sync_one_def, nullptr, m.attr("__name__").ptr());
+  if (sync_one_fn == nullptr) throw pyb::error_already_set();
+  m.add_object("sync_one", pyb::reinterpret_steal<pyb::object>(sync_one_fn));
   pyb::class_<py_engine>(m, "Engine", "transfer_engine<P> over the policy set named at creation.  Thread-safe.")
       .def(pyb::init<const std::string&, const std::string&, const std::string&>(), pyb::arg("config_json"),
            pyb::arg("policies") = "default", pyb::arg("metadata_kind") = "p2p",
@@ -516,9 +544,6 @@ void init_engine(pyb::module_& m) {
            "transfer() with Mooncake's arguments: the segment by name (opened once, kept), opcode 0 read / 1 write, "
            "equal-length lists of local addresses, peer addresses and lengths.  None when all completed; else "
            "(state, bytes, reason, device, path, timed_out, timeout).")
-      .def("transfer_one", &py_engine::transfer_one, pyb::arg("segment"), pyb::arg("opcode"), pyb::arg("buffer"),
-           pyb::arg("peer_address"), pyb::arg("length"), pyb::arg("base_timeout"), pyb::arg("timeout_per_byte"),
-           pyb::arg("notify") = pyb::none(), "transfer_named of one request given as three ints.")
       .def("submit_named", &py_engine::submit_named, pyb::arg("segment"), pyb::arg("opcode"), pyb::arg("buffers"),
            pyb::arg("peer_addresses"), pyb::arg("lengths"),
            "allocate_batch + submit with transfer_named's arguments; (batch, bytes).")

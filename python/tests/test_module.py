@@ -181,7 +181,7 @@ def test_stub_signatures_match_the_docstrings():
             targets += [(f, getattr(cls, f.name)) for f in node.body
                         if isinstance(f, ast.FunctionDef) and not f.decorator_list and f.name != "__init__"]
         for fn, real in targets:
-            names = [a.arg for a in fn.args.args]
+            names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
             assert _doc_params(real) == names, f"{fn.name}: stub {names} vs {_doc_params(real)}"
             checked += 1
     assert checked >= 25

@@ -230,19 +230,42 @@ def test_named_transfer_bad_input(prefill, decode):
         native.transfer_named(seg, 1, [float(addrs[0])], remote[:1], [BLOCK], 5.0, 0.0)
     with pytest.raises(TypeError, match="sequence"):
         native.submit_named(seg, 1, addrs[0], remote[0], BLOCK)
-    # transfer_one (transfer_sync_write / _read's): the same run for one request as three ints.
-    assert native.transfer_one(seg, 1, addrs[0], remote[0], BLOCK, 5.0, 0.0) is None
+    # sync_one (transfer_sync_write / _read's): the same run for one request as three ints, a plain
+    # C function with its own argument checks.
+    from tide import _tide
+    one = _tide.sync_one
+    assert one(native, seg, 1, addrs[0], remote[0], BLOCK, 5.0, 0.0) is None
+    assert one(native, seg, True, addrs[0], remote[0], BLOCK, 5, 0) is None  # bool and int pass, as in pybind11
     with pytest.raises(ValueError, match="opcode"):
-        native.transfer_one(seg, 2, addrs[0], remote[0], BLOCK, 5.0, 0.0)
+        one(native, seg, 2, addrs[0], remote[0], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^opcode must be an int"):
+        one(native, seg, 1.0, addrs[0], remote[0], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^opcode must be an int"):
+        one(native, seg, 2**70, addrs[0], remote[0], BLOCK, 5.0, 0.0)
     with pytest.raises(TypeError, match="^length must be an int"):
-        native.transfer_one(seg, 1, addrs[0], remote[0], -1, 5.0, 0.0)
+        one(native, seg, 1, addrs[0], remote[0], -1, 5.0, 0.0)
     with pytest.raises(TypeError, match="^buffer must be an int"):
-        native.transfer_one(seg, 1, float(addrs[0]), remote[0], BLOCK, 5.0, 0.0)
+        one(native, seg, 1, float(addrs[0]), remote[0], BLOCK, 5.0, 0.0)
     with pytest.raises(TypeError, match="^peer address must be an int"):
-        native.transfer_one(seg, 1, addrs[0], [remote[0]], BLOCK, 5.0, 0.0)
+        one(native, seg, 1, addrs[0], [remote[0]], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^target_hostname must be a str, got bytes"):
+        one(native, seg.encode(), 1, addrs[0], remote[0], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="^base_timeout must be a float, got str"):
+        one(native, seg, 1, addrs[0], remote[0], BLOCK, "5", 0.0)
+    with pytest.raises(TypeError, match="engine must be a tide._tide.Engine, got TransferEngine"):
+        one(prefill, seg, 1, addrs[0], remote[0], BLOCK, 5.0, 0.0)
+    with pytest.raises(TypeError, match="takes 8 arguments, got 7"):
+        one(native, seg, 1, addrs[0], remote[0], BLOCK, 5.0)
+    with pytest.raises(TypeError, match="keyword"):
+        one(native, seg, 1, addrs[0], remote[0], BLOCK, 5.0, timeout_per_byte=0.0)
     import tide
     with pytest.raises(tide.Error):
-        native.transfer_one("127.0.0.1:1", 1, addrs[0], remote[0], BLOCK, 5.0, 0.0)  # nothing listens there
+        one(native, "127.0.0.1:1", 1, addrs[0], remote[0], BLOCK, 5.0, 0.0)  # nothing listens there
+    # Through the Mooncake methods: a wrong type raises as pybind11 made Mooncake's raise.
+    with pytest.raises(TypeError, match="target_hostname"):
+        prefill.transfer_sync_write(None, addrs[0], remote[0], BLOCK)
+    with pytest.raises(TypeError, match="^length must be an int"):
+        prefill.transfer_sync_read(seg, addrs[0], remote[0], "4096")
     bid, nbytes = native.submit_named(seg, 0, addrs, remote[:2], [BLOCK, BLOCK])
     assert nbytes == 2 * BLOCK
     native.wait(bid, 5.0)

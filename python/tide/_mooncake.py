@@ -36,8 +36,9 @@ from .errors import TideError
 
 _COMPLETED = State.COMPLETED.value
 _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
-# The native runs of one sync call (_sync): one request as three ints, or three lists.
-_TRANSFER_ONE = _tide.Engine.transfer_one
+# The native runs of one sync call: one request as three ints (a plain C function: pybind11's
+# dispatcher would cost more than the rest of the call), or three lists (_sync).
+_SYNC_ONE = _tide.sync_one
 _TRANSFER_LISTS = _tide.Engine.transfer_named
 # Protocols that pick another transport in Mooncake's builds that have it; its usual builds run
 # RDMA for every other value ("rdma", "tcp", ...), and so does tide.
@@ -298,12 +299,11 @@ class TransferEngine:
         return buffers[0][0] if buffers else 0
 
     # ---- transfers ----
-    # Each is one native call (transfer_one, transfer_named or submit_named):
+    # Each is one native call (sync_one, transfer_named or submit_named):
     # the segment is looked up by name, the requests built and the batch run
     # there, the GIL released for all of it.  Python only maps the outcome to
-    # Mooncake's sentinels.  `native` is transfer_one (three ints) or
-    # transfer_named (three lists).
-    def _sync(self, method, native, target_hostname, buffers, peer_addresses, lengths, op, notify) -> int:
+    # Mooncake's sentinels.
+    def _sync(self, method, target_hostname, buffers, peer_addresses, lengths, op, notify) -> int:
         engine = self._engine
         if engine is None:
             return self._fail(f"{method}: call initialize() first")
@@ -311,12 +311,13 @@ class TransferEngine:
         # every byte is there, never when a request failed.
         note = None if notify is None else (notify.name, notify.msg)
         try:
-            failed = native(engine, target_hostname, op, buffers, peer_addresses, lengths, self._timeout,
-                            _WRITE_TIMEOUT_PER_BYTE_S, note)
+            failed = _TRANSFER_LISTS(engine, target_hostname, op, buffers, peer_addresses, lengths, self._timeout,
+                                     _WRITE_TIMEOUT_PER_BYTE_S, note)
         except TideError as e:
             return self._fail(f"{method}: {e}")
-        if failed is None:
-            return 0
+        return 0 if failed is None else self._failed(method, failed)
+
+    def _failed(self, method, failed) -> int:
         return self._fail(f"{method}: {_outcome(failed[:5], failed[6], failed[5])}")
 
     def _sync_lists(self, method, target_hostname, buffers, peer_addresses, lengths, opcode, notify) -> int:
@@ -328,18 +329,34 @@ class TransferEngine:
         if self._engine is None:
             return self._fail(f"{method}: call initialize() first")
         op = opcode if opcode is Write or opcode is Read else _opcode(opcode)
-        return self._sync(method, _TRANSFER_LISTS, target_hostname, buffers, peer_addresses, lengths,
-                          int(op), notify)
+        return self._sync(method, target_hostname, buffers, peer_addresses, lengths, int(op), notify)
 
+    # The two calls made once per small transfer: their whole Python side is
+    # this one frame, written out twice rather than shared through a helper
+    # (a frame more per call); failures go on to _fail / _failed.
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                             transport_hint: str = "") -> int:
-        return self._sync("transfer_sync_write", _TRANSFER_ONE, target_hostname, buffer,
-                          peer_buffer_address, length, 1, None)
+        engine = self._engine
+        if engine is None:
+            return self._fail("transfer_sync_write: call initialize() first")
+        try:
+            failed = _SYNC_ONE(engine, target_hostname, 1, buffer, peer_buffer_address, length, self._timeout,
+                               _WRITE_TIMEOUT_PER_BYTE_S)
+        except TideError as e:
+            return self._fail(f"transfer_sync_write: {e}")
+        return 0 if failed is None else self._failed("transfer_sync_write", failed)
 
     def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                            transport_hint: str = "") -> int:
-        return self._sync("transfer_sync_read", _TRANSFER_ONE, target_hostname, buffer,
-                          peer_buffer_address, length, 0, None)
+        engine = self._engine
+        if engine is None:
+            return self._fail("transfer_sync_read: call initialize() first")
+        try:
+            failed = _SYNC_ONE(engine, target_hostname, 0, buffer, peer_buffer_address, length, self._timeout,
+                               _WRITE_TIMEOUT_PER_BYTE_S)
+        except TideError as e:
+            return self._fail(f"transfer_sync_read: {e}")
+        return 0 if failed is None else self._failed("transfer_sync_read", failed)
 
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                       opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
