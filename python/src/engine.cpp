@@ -489,11 +489,15 @@ PyObject* sync_one(PyObject*, PyObject* const* args, Py_ssize_t n) noexcept {
     if (n != 8)
       throw pyb::type_error("sync_one(engine, target_hostname, opcode, buffer, peer_address, length, base_timeout, "
                             "timeout_per_byte) takes 8 arguments, got " + std::to_string(n));
-    const pyb::handle engine(args[0]);
-    if (!pyb::isinstance<py_engine>(engine))
+    py_engine* engine = nullptr;  // one type lookup: None casts to null, another type throws
+    try {
+      engine = pyb::handle(args[0]).cast<py_engine*>();
+    } catch (const pyb::cast_error&) {
+    }
+    if (engine == nullptr)
       throw pyb::type_error(std::string("sync_one: engine must be a tide._tide.Engine, got ") +
                             Py_TYPE(args[0])->tp_name);
-    return engine.cast<py_engine&>().transfer_one(
+    return engine->transfer_one(
         text_argument(args[1], "target_hostname"), int_argument(args[2], "opcode"), args[3], args[4], args[5],
         float_argument(args[6], "base_timeout"), float_argument(args[7], "timeout_per_byte"));
   });

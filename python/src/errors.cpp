@@ -2,10 +2,6 @@
 // picks the class from the code, so a new errc needs no change here.
 #include "errors.hpp"
 
-#include "fast_call.hpp"
-
-#include <climits>
-
 namespace tide::py {
 namespace pyb = pybind11;
 
@@ -19,35 +15,6 @@ void set_native_error(const native_error& e) noexcept {
   } catch (const std::exception& other) {
     PyErr_SetString(PyExc_RuntimeError, other.what());
   }
-}
-
-std::string text_argument(PyObject* arg, const char* what) {
-  Py_ssize_t n = 0;
-  const char* s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &n) : nullptr;
-  if (s == nullptr) {
-    PyErr_Clear();
-    throw pyb::type_error(std::string(what) + " must be a str, got " + Py_TYPE(arg)->tp_name);
-  }
-  return {s, static_cast<std::size_t>(n)};
-}
-
-double float_argument(PyObject* arg, const char* what) {
-  const double v = PyFloat_AsDouble(arg);
-  if (v == -1.0 && PyErr_Occurred() != nullptr) {
-    PyErr_Clear();
-    throw pyb::type_error(std::string(what) + " must be a float, got " + Py_TYPE(arg)->tp_name);
-  }
-  return v;
-}
-
-int int_argument(PyObject* arg, const char* what) {
-  int overflow = 0;
-  const long v = PyLong_Check(arg) ? PyLong_AsLongAndOverflow(arg, &overflow) : -1;
-  if (!PyLong_Check(arg) || overflow != 0 || v < INT_MIN || v > INT_MAX || (v == -1 && PyErr_Occurred() != nullptr)) {
-    PyErr_Clear();
-    throw pyb::type_error(std::string(what) + " must be an int, got " + pyb::repr(arg).cast<std::string>());
-  }
-  return static_cast<int>(v);
 }
 
 void init_errors(pyb::module_& m) {

@@ -29,6 +29,10 @@ inline void unwrap(status&& r) {
   if (!r) raise(std::move(r.error()));
 }
 
+/// Sets the Python error of a tide error (tide.errors' class for its errc):
+/// the module's translator and fast_call (fast_call.hpp) both call it.
+void set_native_error(const native_error& e) noexcept;
+
 void init_errors(pybind11::module_& m);
 
 }  // namespace tide::py

@@ -14,9 +14,6 @@
 
 namespace tide::py {
 
-/// Sets the Python error of a tide error (tide.errors' class for its errc).
-void set_native_error(const native_error& e) noexcept;
-
 /// Runs `body` (returning a pybind11::object) and hands its result to
 /// CPython; an exception becomes the Python error pybind11 would raise.
 template <class Body>

@@ -94,6 +94,15 @@ def test_positional_only_and_types():
         te.transfer_write_on_cuda("x", 0, 0, 0)
 
 
+def test_sync_one_needs_an_engine():
+    # The engine is checked before any other argument, with one type lookup.
+    for not_an_engine in (None, object(), tide.TransferEngine()):
+        with pytest.raises(TypeError, match="^sync_one: engine must be a tide._tide.Engine, got "):
+            _tide.sync_one(not_an_engine, "h:1", 1, 0, 0, 4096, 5.0, 0.0)
+    assert tide.TransferEngine.transfer_sync_write.__qualname__ == "TransferEngine.transfer_sync_write"
+    assert "transfer_sync_read" in tide.TransferEngine.transfer_sync_read.__doc__
+
+
 def test_initialize_without_a_device_says_why(tmp_path):
     te = tide.TransferEngine()
     rc = te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "no_such_nic0")

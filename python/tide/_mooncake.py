@@ -102,6 +102,29 @@ def _split_metadata(server: str) -> Tuple[Optional[str], Optional[str]]:
     return "etcd://" + server, "etcd"  # Mooncake's default for a bare h:p
 
 
+def _sync_one_call(name: str, op: int):
+    """transfer_sync_write / _read: one Python frame around _tide.sync_one
+    (a shared helper called from each would add a frame per call); failures
+    go on to _fail / _failed."""
+    def call(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+             transport_hint: str = "") -> int:
+        engine = self._engine
+        if engine is None:
+            return self._fail(f"{name}: call initialize() first")
+        try:
+            failed = _SYNC_ONE(engine, target_hostname, op, buffer, peer_buffer_address, length, self._timeout,
+                               _WRITE_TIMEOUT_PER_BYTE_S)
+        except TideError as e:
+            return self._fail(f"{name}: {e}")
+        return 0 if failed is None else self._failed(name, failed)
+
+    call.__name__ = name
+    call.__qualname__ = f"TransferEngine.{name}"
+    call.__doc__ = (f"Mooncake's {name}: one request of `length` bytes between the local `buffer` and "
+                    f"`peer_buffer_address` on `target_hostname`; 0, or -1 with the reason in last_error.")
+    return call
+
+
 class TransferEngine:
     """See the module's docstring.  Thread-safe: vLLM and SGLang call one
     engine from many threads at once."""
@@ -331,32 +354,9 @@ class TransferEngine:
         op = opcode if opcode is Write or opcode is Read else _opcode(opcode)
         return self._sync(method, target_hostname, buffers, peer_addresses, lengths, int(op), notify)
 
-    # The two calls made once per small transfer: their whole Python side is
-    # this one frame, written out twice rather than shared through a helper
-    # (a frame more per call); failures go on to _fail / _failed.
-    def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
-                            transport_hint: str = "") -> int:
-        engine = self._engine
-        if engine is None:
-            return self._fail("transfer_sync_write: call initialize() first")
-        try:
-            failed = _SYNC_ONE(engine, target_hostname, 1, buffer, peer_buffer_address, length, self._timeout,
-                               _WRITE_TIMEOUT_PER_BYTE_S)
-        except TideError as e:
-            return self._fail(f"transfer_sync_write: {e}")
-        return 0 if failed is None else self._failed("transfer_sync_write", failed)
-
-    def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
-                           transport_hint: str = "") -> int:
-        engine = self._engine
-        if engine is None:
-            return self._fail("transfer_sync_read: call initialize() first")
-        try:
-            failed = _SYNC_ONE(engine, target_hostname, 0, buffer, peer_buffer_address, length, self._timeout,
-                               _WRITE_TIMEOUT_PER_BYTE_S)
-        except TideError as e:
-            return self._fail(f"transfer_sync_read: {e}")
-        return 0 if failed is None else self._failed("transfer_sync_read", failed)
+    # The two calls made once per small transfer (_sync_one_call builds them).
+    transfer_sync_write = _sync_one_call("transfer_sync_write", 1)
+    transfer_sync_read = _sync_one_call("transfer_sync_read", 0)
 
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                       opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
