@@ -84,12 +84,13 @@ tide_target_start() {
 }
 tide_target_stop() { kill "$TARGET_PID" 2> /dev/null || true; wait "$TARGET_PID" 2> /dev/null || true; }
 
-# tide_initiator DEVS IP POLICY SECONDS FLAGS...: one run against $SEGMENT, JSON in $WORK/tb.json.
+# tide_initiator DEVS IP POLICY SECONDS FLAGS...: one run against $SEGMENT, JSON in $WORK/tb.json;
+# run under the command words in the array INITIATOR_WRAP when it is set (e.g. env, taskset).
 tide_initiator() {
     local devs=$1 ip=$2 policy=$3 secs=$4
     shift 4
     rm -f "$WORK/tb.json"
-    timeout $((${secs%.*} + 90)) "$BENCH" --mode=initiator --segment_id="$SEGMENT" --local_server_name="$ip" \
+    timeout $((${secs%.*} + 90)) "${INITIATOR_WRAP[@]}" "$BENCH" --mode=initiator --segment_id="$SEGMENT" --local_server_name="$ip" \
         --device_name="$devs" --policy="$policy" --duration="$secs" --noprogress --json="$WORK/tb.json" "$@" \
         > "$WORK/tb-cli.log" 2>&1 || { tail -n 20 "$WORK/tb-cli.log" >&2; return 1; }
 }

@@ -62,6 +62,12 @@ struct engine_config {
   /// 0 (default): num_qp_per_ep lanes.  Any other value must equal
   /// num_qp_per_ep (config_invalid otherwise): a lane owns one QP per endpoint.
   std::size_t workers_per_context = 0;
+  /// The CPUs the lanes run on, as taskset -c writes them ("2", "0,4-7";
+  /// key "lane_cpus", env TIDE_LANE_CPUS): keeps the lanes off the threads
+  /// that compute (or, with the caller pinned elsewhere, apart from the
+  /// thread that waits on them).  Empty (the default): each lane runs on its
+  /// NIC's NUMA node.  A CPU this machine lacks is config_invalid.
+  std::string lane_cpus;
   std::size_t endpoint_capacity = 256;     ///< endpoints per context before eviction
   int gid_index = -1;                      ///< -1: automatic
   int mtu = 4096;                          ///< path MTU cap (bytes)
@@ -172,7 +178,7 @@ struct engine_config {
   /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
   /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE,
   /// MAX_CQE, MAX_WR, MAX_RD_ATOMIC, MAX_INLINE, SIGNAL_INTERVAL,
-  /// AUTH_SECRET_FILE, HANDSHAKE_BIND, WAIT_SPIN_US, METRICS_PORT, METRICS_BIND.
+  /// AUTH_SECRET_FILE, HANDSHAKE_BIND, WAIT_SPIN_US, METRICS_PORT, METRICS_BIND, LANE_CPUS.
   /// transfer_engine::create calls it.
   /// Errors: config_invalid naming the variable (or the file and key).
   [[nodiscard]] status apply_env();

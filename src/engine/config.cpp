@@ -102,6 +102,7 @@ status each_text(engine_config& c, F&& f) {
   if (auto r = f("etcd_password_file", "ETCD_PASSWORD_FILE", c.etcd_password_file); !r) return r;
   if (auto r = f("metadata_token_file", "METADATA_TOKEN_FILE", c.metadata_token_file); !r) return r;
   if (auto r = f("auth_secret_file", "AUTH_SECRET_FILE", c.auth_secret_file); !r) return r;
+  if (auto r = f("lane_cpus", "LANE_CPUS", c.lane_cpus); !r) return r;
   return {};
 }
 

@@ -1,7 +1,8 @@
 // The lane data path against real (Soft-RoCE) devices: credits with a tiny CQ
 // and send queues over 16 peers, passive endpoints after idle gaps under every
 // idle strategy, a peer re-handshaking with new QPNs and a peer process
-// restarting under traffic, a remote access error failing one endpoint only.
+// restarting under traffic, a remote access error failing one endpoint only,
+// lanes pinned to the CPUs named.
 // Every byte is checked.
 //
 // The binary doubles as the peer process (peer_process.hpp).
@@ -12,11 +13,13 @@
 #include <tide/policy/busy_poll.hpp>
 #include <tide/policy/cq_event.hpp>
 #include <tide/policy/hybrid.hpp>
+#include <tide/topology/cpu_list.hpp>
 
 #include "devices_under_test.hpp"
 #include "peer_process.hpp"
 #include "rxe_helpers.hpp"
 
+#include <sched.h>
 #include <signal.h>
 
 #include <infiniband/verbs.h>
@@ -24,6 +27,9 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -420,6 +426,58 @@ TEST_CASE("completions for WRs not in the lane's ring touch no slice; the endpoi
   CHECK(failures.load() == 0);
   CHECK(std::memcmp(ma.data, mb.data, kSize) == 0);
   CHECK(ctx.stats().endpoints_created == created_before);  // a successful stray fails no endpoint
+}
+
+// The allowed CPUs of each thread of this process named tide-lane.
+std::vector<std::vector<int>> lane_thread_cpus() {
+  std::vector<std::vector<int>> out;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name) || name != "tide-lane") continue;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(std::stoi(task.path().filename().string()), sizeof set, &set) != 0) continue;  // it ended
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    out.push_back(cpus);
+  }
+  return out;
+}
+
+TEST_CASE("lane_cpus: every lane runs on the CPUs named and moves bytes; a CPU the machine lacks is config_invalid") {
+  const auto devs = devices_under_test();
+  REQUIRE(lane_thread_cpus().empty());  // no engine of an earlier case is left
+  const int last = tide::topology::configured_cpus() - 1;
+  auto pinned = config_for({devs[0]});
+  pinned.lane_cpus = std::to_string(last);
+  auto a = make_engine(pinned);
+  const auto lanes = lane_thread_cpus();
+  CHECK(lanes.size() == pinned.num_qp_per_ep);
+  for (const auto& cpus : lanes) CHECK(cpus == std::vector<int>{last});
+
+  auto b = make_engine(config_for({devs[1]}));
+  constexpr std::size_t kSize = 1u << 20;
+  buffer ma(kSize), mb(kSize);
+  REQUIRE(a->register_memory(ma.data, kSize, "cpu:0"));
+  REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));
+  auto sb = a->open_segment(b->segment_name()).value();
+  fill(ma.data, kSize, 11);
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, sb, 0, 0, kSize)));
+  CHECK(std::memcmp(ma.data, mb.data, kSize) == 0);
+  fill(mb.data, kSize, 12);
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::read, ma.data, sb, 0, 0, kSize)));
+  CHECK(std::memcmp(ma.data, mb.data, kSize) == 0);
+
+  for (const std::string& bad : std::vector<std::string>{std::to_string(last + 1), "0-" + std::to_string(last + 1), "x", "1,", "3-2"}) {
+    auto c = config_for({devs[0]});
+    c.lane_cpus = bad;
+    auto e = engine::create(c);
+    REQUIRE_FALSE(e);
+    CHECK(e.error().code == tide::errc::config_invalid);
+    CHECK_MESSAGE(e.error().detail.find("lane_cpus \"" + bad + "\"") != std::string::npos, e.error().detail);
+  }
 }
 
 int main(int argc, char** argv) {

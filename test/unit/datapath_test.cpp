@@ -5,6 +5,7 @@
 #include <tide/rdma/detail/drop_stopped.hpp>
 #include <tide/rdma/detail/slice_queue.hpp>
 #include <tide/rdma/segment.hpp>
+#include <tide/topology/cpu_list.hpp>
 
 #include <doctest/doctest.h>
 
@@ -254,6 +255,20 @@ TEST_CASE("transfer_engine::create without an RDMA device says so") {
   CHECK(e.error().code == errc::no_device);
 }
 
+TEST_CASE("lane_cpus: from the environment and a file; refused at create, before any device is looked for") {
+  engine_config c;
+  ::setenv("TIDE_LANE_CPUS", "0", 1);
+  REQUIRE(c.apply_env());
+  CHECK(c.lane_cpus == "0");
+  ::unsetenv("TIDE_LANE_CPUS");
+  c.lane_cpus = "0-" + std::to_string(tide::topology::configured_cpus());  // one past the last
+  c.sysfs_root = "/nonexistent-sysfs";
+  auto e = transfer_engine<>::create(c);
+  REQUIRE_FALSE(e);
+  CHECK(e.error().code == errc::config_invalid);
+  CHECK(e.error().detail.find("does not exist") != std::string::npos);
+}
+
 // The hot path reports failures (out_of_memory included) and throws nothing.
 static_assert(noexcept(std::declval<tide::transfer_engine<>&>().submit(0, {})));
 static_assert(noexcept(std::declval<tide::transfer_engine<>&>().status_of(0, 0)));
@@ -276,7 +291,7 @@ std::string write_temp(const std::string& text) {
 TEST_CASE("engine_config: a JSON file, validated like the environment; the environment still wins") {
   const std::string good = write_temp(R"({"slice_size": 131072, "devices": ["rxe0", "rxe1"], "metadata": "etcd://h:2379",
                                           "transfer_timeout_ms": 2500, "gid_index": -1, "max_batches": 64,
-                                          "coalesce_requests": false, "wait_spin_us": 50})");
+                                          "coalesce_requests": false, "wait_spin_us": 50, "lane_cpus": "0"})");
   auto c = engine_config::from_file(good).value();
   CHECK(c.slice_size == 131072);
   CHECK(c.devices == std::vector<std::string>{"rxe0", "rxe1"});
@@ -285,6 +300,7 @@ TEST_CASE("engine_config: a JSON file, validated like the environment; the envir
   CHECK(c.max_batches == 64);
   CHECK_FALSE(c.coalesce_requests);  // a flag as JSON true / false
   CHECK(c.wait_spin == std::chrono::microseconds(50));
+  CHECK(c.lane_cpus == "0");
   CHECK(c.num_qp_per_ep == engine_config{}.num_qp_per_ep);  // untouched
 
   auto error_of = [](const std::string& text) {

@@ -1,3 +1,4 @@
+#include <tide/topology/cpu_list.hpp>
 #include <tide/topology/hca.hpp>
 #include <tide/topology/location.hpp>
 #include <tide/topology/priority_matrix.hpp>
@@ -215,4 +216,25 @@ TEST_CASE("malformed priority matrices are rejected with the key named") {
   auto r = empty.select_device("cpu:0", 0);
   REQUIRE_FALSE(r);
   CHECK(r.error().code == tide::errc::device_not_found);
+}
+
+TEST_CASE("CPU lists parse as taskset -c writes them; bad parts and absent CPUs are named") {
+  CHECK(parse_cpu_list("3", 8).value() == std::vector<int>{3});
+  CHECK(parse_cpu_list("0,2-4,7", 8).value() == std::vector<int>{0, 2, 3, 4, 7});
+  CHECK(parse_cpu_list("4-5,1,5,4", 8).value() == std::vector<int>{1, 4, 5});  // sorted, each once
+  CHECK(parse_cpu_list("0-7", 8).value().size() == 8);
+  auto error_of = [](std::string_view text, int cpus = 8) {
+    auto r = parse_cpu_list(text, cpus);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == tide::errc::config_invalid);
+    return r.error().detail;
+  };
+  CHECK(error_of("") == "lane_cpus \"\": empty (expected CPUs such as \"0,2-3\")");
+  CHECK(error_of("8").find("CPU 8 does not exist (this machine has 8, 0-7)") != std::string::npos);
+  CHECK(error_of("2-9").find("CPU 9 does not exist") != std::string::npos);
+  for (std::string_view bad : {"x", "1,", ",1", "3-2", "-1", "1-", " 1", "1 ", "+1", "1-2-3", "0x1"})
+    CHECK_MESSAGE(error_of(bad).find("is not a CPU or a range lo-hi") != std::string::npos, bad);
+  CHECK(error_of("1,x").find("\"x\" is not a CPU or a range lo-hi") != std::string::npos);
+  CHECK(error_of("99999999999").find("is not a CPU") != std::string::npos);  // past int: not a number
+  CHECK(configured_cpus() >= 1);
 }

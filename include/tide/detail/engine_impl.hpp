@@ -7,6 +7,7 @@
 #include <tide/net/address.hpp>
 #include <tide/net/handshake_client.hpp>
 #include <tide/net/handshake_server.hpp>
+#include <tide/topology/cpu_list.hpp>
 #include <tide/wire/auth.hpp>
 
 #include <atomic>
@@ -246,6 +247,11 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.context.rc.retry_cnt = e->cfg_.qp_retry_cnt;
   tc.context.rc.timeout = e->cfg_.qp_timeout;
   tc.context.sysfs_root = e->cfg_.sysfs_root;
+  if (!e->cfg_.lane_cpus.empty()) {
+    auto cpus = topology::parse_cpu_list(e->cfg_.lane_cpus, topology::configured_cpus());
+    if (!cpus) return fail(cpus.error());
+    tc.context.lane_cpus = std::move(*cpus);
+  }
   tc.devices = e->cfg_.devices;
   tc.slice_size = e->cfg_.slice_size;
   tc.fragment_limit = e->cfg_.fragment_limit;

@@ -34,15 +34,19 @@
 #include <tide/verbs/error.hpp>
 
 #include <numa.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,8 +101,9 @@ class lane final : public detail::notify_sink {
   ~lane() { stop(); }
 
   /// Attaches the idle strategy to the lane's CQ and starts the thread,
-  /// bound to `numa_node` (-1: unbound).  Setup path; once.
-  [[nodiscard]] status start(int numa_node) {
+  /// bound to `numa_node` (-1: unbound), or to `cpus` when it names any
+  /// (config_invalid when the kernel refuses them all).  Setup path; once.
+  [[nodiscard]] status start(int numa_node, const std::vector<int>& cpus = {}) {
     auto idle = P::idle::create(typename P::idle::config{});
     if (!idle) return fail(idle.error());
     idle_.emplace(std::move(*idle));
@@ -106,7 +111,13 @@ class lane final : public detail::notify_sink {
     if (auto r = idle_->attach(cq_->native_handle(), ctx_.channel(index_)); !r) return r;
     cq_capacity_ = static_cast<std::uint32_t>(std::max(1, cq_->capacity()));
     running_.store(true, std::memory_order_release);
-    thread_ = std::thread([this, numa_node] { run(numa_node); });
+    // Named CPUs rule: the NUMA binding would widen them again.
+    thread_ = std::thread([this, node = cpus.empty() ? numa_node : -1] { run(node); });
+    if (!cpus.empty())
+      if (auto r = run_on(thread_.native_handle(), cpus); !r) {
+        stop();
+        return r;
+      }
     return {};
   }
 
@@ -216,12 +227,31 @@ class lane final : public detail::notify_sink {
     }
   }
 
+  // Set from the starting thread, so a refusal is start()'s error; the lane
+  // runs unbound for the moment in between.
+  static status run_on(pthread_t thread, const std::vector<int>& cpus) {
+    const int count = cpus.back() + 1;  // ascending (topology::parse_cpu_list)
+    cpu_set_t* set = CPU_ALLOC(count);
+    if (set == nullptr) return fail(errc::out_of_memory, "lane_cpus: CPU_ALLOC");
+    const std::size_t bytes = CPU_ALLOC_SIZE(count);
+    CPU_ZERO_S(bytes, set);
+    for (int c : cpus) CPU_SET_S(c, bytes, set);
+    const int rc = pthread_setaffinity_np(thread, bytes, set);
+    CPU_FREE(set);
+    if (rc == 0) return {};
+    std::string list;
+    for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+    return fail(errc::config_invalid, "lane_cpus: the kernel refuses CPUs " + list + " for the lanes (" +
+                                          std::strerror(rc) + "; offline, or outside this process's cpuset?)");
+  }
+
   static void bind_to_node(int node) noexcept {
     if (node < 0 || numa_available() < 0) return;
     if (numa_run_on_node(node) != 0) TIDE_LOG_DEBUG("numa_run_on_node(" << node << ") failed");
   }
 
   void run(int numa_node) noexcept {
+    pthread_setname_np(pthread_self(), "tide-lane");  // for top -H, perf and taskset -p
     bind_to_node(numa_node);
     native_cq_.store(cq_->native_handle(), std::memory_order_release);
     groups_.reserve(16);  // first touch on the lane's node

@@ -41,16 +41,18 @@ class lane_pool {
   ~lane_pool() { stop(); }
 
   /// Starts `lanes` lanes and the monitor, bound to `numa_node` (-1: not
-  /// bound).  Errors: invalid_argument (0 lanes, a shard count the shard
-  /// hash refuses), the idle strategy's errors.  Setup path; once.
-  [[nodiscard]] status start(std::size_t lanes, int numa_node) {
+  /// bound); the lanes run on `lane_cpus` instead when it names any.
+  /// Errors: invalid_argument (0 lanes, a shard count the shard hash
+  /// refuses), config_invalid (lane_cpus refused), the idle strategy's
+  /// errors.  Setup path; once.
+  [[nodiscard]] status start(std::size_t lanes, int numa_node, const std::vector<int>& lane_cpus = {}) {
     if (lanes == 0) return fail(errc::invalid_argument, "num_qp_per_ep (lanes per context) must be >= 1");
     if (auto r = validate_shard_count<typename P::shard_hash>(kShards); !r) return r;
     numa_node_ = numa_node;
     lanes_.reserve(lanes);
     for (std::size_t i = 0; i < lanes; ++i) lanes_.push_back(std::make_unique<lane<P>>(ctx_, static_cast<std::uint32_t>(i)));
     for (auto& l : lanes_)
-      if (auto r = l->start(numa_node); !r) return r;
+      if (auto r = l->start(numa_node, lane_cpus); !r) return r;
     running_.store(true, std::memory_order_release);
     monitor_ = std::thread([this] { monitor(); });
     return {};

@@ -57,6 +57,7 @@ struct context_config {
   std::uint32_t signal_interval = 16;  ///< every Nth WR signaled (clamped to max_send_wr / 2)
   std::size_t endpoint_capacity = 256;
   int numa_node = -1;             ///< bind lanes here; -1: unbound
+  std::vector<int> lane_cpus;     ///< run lanes on these CPUs instead of numa_node; empty: numa_node
   std::chrono::milliseconds ready_ack_timeout{10000};
   std::string sysfs_root = "/sys";
   /// Receives each endpoint advertises for RDMA notifications (0: none;
@@ -456,7 +457,7 @@ class rdma_context {
     params_.retire = [this](endpoint& e) { lanes_.send_fail(e); };
     active_.store(port->state == IBV_PORT_ACTIVE, std::memory_order_release);
     if (!active()) TIDE_LOG_WARN(cfg_.device << ": port " << int(cfg_.port) << " is not active");
-    return lanes_.start(lanes, cfg_.numa_node);
+    return lanes_.start(lanes, cfg_.numa_node, cfg_.lane_cpus);
   }
 
   context_config cfg_;
