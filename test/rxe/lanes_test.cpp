@@ -361,6 +361,19 @@ TEST_CASE("a WRITE to a stale rkey fails its endpoint with remote_access_error; 
   REQUIRE(std::memcmp(ma.data, mb.data, kSize) == 0);
 }
 
+// Registers `ma` with `a` and `mb` with `b` (each its engine's only buffer),
+// opens b's segment from a and writes all of `ma`, filled from `seed`, over
+// `mb`: a's path to b is up and has carried bytes.  Returns b's segment.
+tide::segment_id register_and_write_whole(engine& a, engine& b, buffer& ma, buffer& mb, std::uint64_t seed) {
+  REQUIRE(a.register_memory(ma.data, ma.size, "cpu:0"));
+  REQUIRE(b.register_memory(mb.data, mb.size, "cpu:0"));
+  const auto sb = a.open_segment(b.segment_name());
+  REQUIRE(sb);
+  fill(ma.data, ma.size, seed);
+  REQUIRE(run_one(a, transfer_request::in_buffer(transfer_op::write, ma.data, *sb, 0, 0, ma.size)));
+  return *sb;
+}
+
 // Review turn 3, finding 11: a completion for a slice that is not in the
 // lane's ring (stale, or for a WR since re-dispatched) was retired anyway,
 // and on its way took every slice of the ring with it as if completed.  Here
@@ -379,11 +392,7 @@ TEST_CASE("completions for WRs not in the lane's ring touch no slice; the endpoi
   auto b = make_engine(config_for({devs[1]}));
   constexpr std::size_t kSize = 4u << 20;
   buffer ma(kSize), mb(kSize);
-  REQUIRE(a->register_memory(ma.data, kSize, "cpu:0"));
-  REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));
-  auto sb = a->open_segment(b->segment_name()).value();
-  fill(ma.data, kSize, 5);
-  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, sb, 0, 0, kSize)));
+  const auto sb = register_and_write_whole(*a, *b, ma, mb, 5);
   auto& ctx = a->transport().context(0);
   auto h = ctx.find_endpoint(b->segment_name() + "@" + devs[1]);
   REQUIRE(h);
@@ -460,11 +469,7 @@ TEST_CASE("lane_cpus: every lane runs on the CPUs named and moves bytes; a CPU t
   auto b = make_engine(config_for({devs[1]}));
   constexpr std::size_t kSize = 1u << 20;
   buffer ma(kSize), mb(kSize);
-  REQUIRE(a->register_memory(ma.data, kSize, "cpu:0"));
-  REQUIRE(b->register_memory(mb.data, kSize, "cpu:0"));
-  auto sb = a->open_segment(b->segment_name()).value();
-  fill(ma.data, kSize, 11);
-  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, ma.data, sb, 0, 0, kSize)));
+  const auto sb = register_and_write_whole(*a, *b, ma, mb, 11);
   CHECK(std::memcmp(ma.data, mb.data, kSize) == 0);
   fill(mb.data, kSize, 12);
   REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::read, ma.data, sb, 0, 0, kSize)));
