@@ -113,6 +113,9 @@ class lane final : public detail::notify_sink {
     running_.store(true, std::memory_order_release);
     // Named CPUs rule: the NUMA binding would widen them again.
     thread_ = std::thread([this, node = cpus.empty() ? numa_node : -1] { run(node); });
+    // Named here, not by the lane itself, so the name is there when start()
+    // returns (a test reading /proc/self/task raced the lane's own call).
+    pthread_setname_np(thread_.native_handle(), "tide-lane");  // for top -H, perf and taskset -p
     if (!cpus.empty())
       if (auto r = run_on(thread_.native_handle(), cpus); !r) {
         stop();
@@ -251,7 +254,6 @@ class lane final : public detail::notify_sink {
   }
 
   void run(int numa_node) noexcept {
-    pthread_setname_np(pthread_self(), "tide-lane");  // for top -H, perf and taskset -p
     bind_to_node(numa_node);
     native_cq_.store(cq_->native_handle(), std::memory_order_release);
     groups_.reserve(16);  // first touch on the lane's node
