@@ -62,6 +62,7 @@ enum class errc : int {
   qp_count_mismatch,        ///< the peer has a different number of QPs per endpoint
   retry_exhausted,          ///< a slice failed on every path it was retried on
   auth_failed,              ///< the peer did not prove the cluster secret (or we have none and it requires one)
+  connection_lost,          ///< a TCP data connection closed, reset or stalled with the request in flight
 
   // --- device: one HCA (context) is affected ---
   device_not_found = 300,   ///< no such RDMA device

@@ -55,6 +55,7 @@ constexpr errc_text text_of(errc e) noexcept {
     case errc::qp_count_mismatch: return {"qp_count_mismatch", "the peer uses a different number of QPs per endpoint"};
     case errc::retry_exhausted: return {"retry_exhausted", "the transfer failed on every path it was retried on"};
     case errc::auth_failed: return {"auth_failed", "the peer failed the cluster-secret authentication"};
+    case errc::connection_lost: return {"connection_lost", "the TCP data connection closed, reset or stalled with the request in flight"};
     case errc::device_not_found: return {"device_not_found", "no RDMA device of that name"};
     case errc::no_device: return {"no_device", "no RDMA device on this host"};
     case errc::device_open_failed: return {"device_open_failed", "the RDMA device could not be opened"};

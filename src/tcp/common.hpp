@@ -1,0 +1,80 @@
+#pragma once
+// What the TCP transport's client and server share (not API): the I/O
+// threads, the counters, and the few Asio helpers both use.
+
+#include <tide/tcp/tcp_transport.hpp>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace tide::tcp::detail {
+
+namespace asio = boost::asio;
+using asio_tcp = asio::ip::tcp;
+using boost::system::error_code;
+
+/// The I/O threads: one io_context each, so a connection (bound to one
+/// context) is only ever touched by one thread.  Owned by the transport;
+/// start() once, stop() once after every socket is closed.
+class io_pool {
+ public:
+  explicit io_pool(unsigned n) {
+    for (unsigned i = 0; i < n; ++i) contexts_.push_back(std::make_unique<asio::io_context>(1));
+  }
+  void start() {
+    for (auto& c : contexts_) {
+      guards_.emplace_back(c->get_executor());
+      threads_.emplace_back([ctx = c.get()] {
+        for (;;) {
+          try {
+            ctx->run();
+            return;
+          } catch (...) {  // a handler threw: keep the thread (handlers are noexcept in intent)
+          }
+        }
+      });
+    }
+  }
+  /// Lets each context run out of work (the aborted operations of closed
+  /// sockets finish first) and joins the threads.
+  void stop() noexcept {
+    guards_.clear();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+  [[nodiscard]] asio::io_context& next() noexcept {
+    return *contexts_[next_.fetch_add(1, std::memory_order_relaxed) % contexts_.size()];
+  }
+  [[nodiscard]] asio::io_context& at(std::size_t i) noexcept { return *contexts_[i % contexts_.size()]; }
+
+ private:
+  std::vector<std::unique_ptr<asio::io_context>> contexts_;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
+  std::vector<std::thread> threads_;
+  std::atomic<std::size_t> next_{0};
+};
+
+/// The counters behind tcp::stats (relaxed: independent monotonic counts).
+struct counters {
+  std::atomic<std::uint64_t> ops_ok{0}, ops_failed{0}, bytes_written{0}, bytes_read{0};
+  std::atomic<std::uint64_t> connections_opened{0}, connect_failures{0}, connections_lost{0};
+  std::atomic<std::uint64_t> accepted{0}, refused_source{0}, refused_full{0}, requests_served{0},
+      requests_rejected{0}, auth_failed{0}, dropped{0}, bytes_served_in{0}, bytes_served_out{0}, open_connections{0};
+  static void add(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept { c.fetch_add(n, std::memory_order_relaxed); }
+};
+
+[[nodiscard]] inline std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace tide::tcp::detail
