@@ -347,6 +347,13 @@ TEST_CASE("tcp server: bad input on a raw socket (truncated header, zero size, s
     const std::vector<std::uint8_t> part(40, 0x42);
     REQUIRE(::write(fd, part.data(), part.size()) == 40);
     ::close(fd);
+    // The session ends when it reads the close; then its buffer is released.
+    for (int i = 0; i < 5000 && mem.closed.load() != 1; ++i) std::this_thread::sleep_for(1ms);
+    REQUIRE(mem.opened.load() == 1);  // the first range any of these opened
+    REQUIRE(mem.closed.load() == 1);
+    const auto* p = reinterpret_cast<const std::uint8_t*>(buf.addr());
+    CHECK(std::all_of(p, p + 40, [](std::uint8_t b) { return b == 0x42; }));
+    CHECK(std::all_of(p + 40, p + 100, [](std::uint8_t b) { return b == 0; }));
   }
   {
     // Version 1 (no flag): a READ gets the bytes and no status frame.
@@ -387,7 +394,10 @@ TEST_CASE("tcp: a version-1 peer gets one request per connection and no status f
     t.client->submit(v1, *ops.back());
   }
   for (auto& o : ops) CHECK(o->wait() == errc::ok);
-  // A version-1 WRITE is done when its bytes left; READ them back over v1 too.
+  // A version-1 WRITE is done when its bytes left (no status): they have
+  // landed once the server has counted them.  READ them back over v1 too.
+  for (int i = 0; i < 5000 && t.server->stats().bytes_served_in < 16 * 65536; ++i) std::this_thread::sleep_for(1ms);
+  REQUIRE(t.server->stats().bytes_served_in == 16 * 65536);
   std::vector<std::uint8_t> back(1 << 20);
   test_op r(transfer_op::read, back.data(), target.addr(), 1 << 20);
   t.client->submit(v1, r);
