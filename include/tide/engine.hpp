@@ -29,6 +29,7 @@
 #include <tide/policy/p2p.hpp>
 #include <tide/rdma/rdma_transport.hpp>
 #include <tide/result.hpp>
+#include <tide/tcp/tcp_transport.hpp>
 #include <tide/transfer.hpp>
 
 #include <chrono>
@@ -171,6 +172,27 @@ struct engine_config {
   std::uint16_t metrics_port = 0;
   std::string metrics_bind = "127.0.0.1";
 
+  /// The transports this engine installs (key "transports", env
+  /// TIDE_TRANSPORTS): "rdma,tcp" (the default), "rdma" or "tcp".  With
+  /// both, a request goes over RDMA where both sides have a NIC, and over
+  /// TCP to a peer that serves only TCP, when this host has no RDMA device
+  /// (the engine then runs on TCP alone and logs so once), and when every
+  /// RDMA rail to the peer is paused; a slice whose rails fail is retried
+  /// over TCP within its deadline.  Mooncake's MC_FORCE_TCP=1 means "tcp".
+  std::string transports = "rdma,tcp";
+  /// The TCP data port (key "tcp_port", env TIDE_TCP_PORT): 0 = a free port
+  /// in 15000-17000, published as the descriptor's tcp_data_port.  It binds
+  /// bind_host, as the handshake port does.
+  std::uint16_t tcp_port = 0;
+  /// I/O threads of the TCP transport (both directions) and connections per
+  /// peer; a large request is cut into tcp_slice_size pieces spread over them.
+  unsigned tcp_io_threads = 2;
+  unsigned tcp_conns_per_peer = 4;
+  std::size_t tcp_slice_size = std::size_t{256} << 10;
+  /// 2: status frames and persistent connections with peers that publish
+  /// version 2; 1: Mooncake's first protocol with every peer (MC_TCP_PROTO=1).
+  unsigned tcp_proto = 2;
+
   /// Applies, in this order, the JSON file named by TIDE_CONFIG (apply_file)
   /// and the TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
   /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
@@ -196,6 +218,15 @@ struct engine_config {
   /// engine_config{} with apply_file(path).
   [[nodiscard]] static result<engine_config> from_file(const std::string& path);
 };
+
+/// engine_config::transports, parsed.
+struct transport_set {
+  bool rdma = true;
+  bool tcp = true;
+};
+/// "rdma", "tcp", "rdma,tcp" (in any order, spaces allowed).  Errors:
+/// config_invalid naming the word that is not a transport.
+[[nodiscard]] result<transport_set> parse_transports(std::string_view text);
 
 namespace detail {
 /// P::metadata, or policy::p2p for a policy set that names none.
@@ -403,6 +434,10 @@ class transfer_engine {
   [[nodiscard]] notify_outbox_stats outbox_stats() const noexcept;
   /// The handshake server's counters (auth_failed: refused strangers).
   [[nodiscard]] net::handshake_server_stats handshake_stats() const noexcept;
+  /// The TCP transport's data port (0: TCP is not installed) and counters
+  /// (requests and bytes both ways, connections, the server's refusals).
+  [[nodiscard]] std::uint16_t tcp_port() const noexcept;
+  [[nodiscard]] tcp::stats tcp_stats() const noexcept;
 
   [[nodiscard]] rdma::rdma_transport<P>& transport() noexcept { return *transport_; }
 

@@ -51,6 +51,11 @@ struct transfer_telemetry {
   /// Peer NICs used: bit i = index i of the peer's devices[]; bit 63 also
   /// stands for every index above it.
   std::uint64_t peer_nics = 0;
+  /// Which transports carried its bytes: kViaRdma, kViaTcp (both when a
+  /// slice failed over from RDMA to TCP).
+  std::uint8_t transports = 0;
+  static constexpr std::uint8_t kViaRdma = 1;
+  static constexpr std::uint8_t kViaTcp = 2;
   transfer_state state = transfer_state::waiting;
   errc reason = errc::ok;  ///< as transfer_status::reason (first non-ok task for a batch)
 

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -82,6 +84,11 @@ status each_number(engine_config& c, F&& f) {
   if (auto r = f("notify_max_bytes", "", c.notify_max_bytes, 1, 1LL << 40); !r) return r;
   if (auto r = f("notify_rate_per_peer", "", c.notify_rate_per_peer, 0, 1LL << 31); !r) return r;
   if (auto r = f("notify_rdma_credits", "NOTIFY_RDMA_CREDITS", c.notify_rdma_credits, 0, 64); !r) return r;
+  if (auto r = f("tcp_port", "TCP_PORT", c.tcp_port, 0, 65535); !r) return r;
+  if (auto r = f("tcp_io_threads", "TCP_IO_THREADS", c.tcp_io_threads, 1, 64); !r) return r;
+  if (auto r = f("tcp_conns_per_peer", "TCP_CONNS_PER_PEER", c.tcp_conns_per_peer, 1, 64); !r) return r;
+  if (auto r = f("tcp_slice_size", "TCP_SLICE_SIZE", c.tcp_slice_size, 4096, 1LL << 30); !r) return r;
+  if (auto r = f("tcp_proto", "TCP_PROTO", c.tcp_proto, 1, 2); !r) return r;
   return {};
 }
 
@@ -103,6 +110,7 @@ status each_text(engine_config& c, F&& f) {
   if (auto r = f("metadata_token_file", "METADATA_TOKEN_FILE", c.metadata_token_file); !r) return r;
   if (auto r = f("auth_secret_file", "AUTH_SECRET_FILE", c.auth_secret_file); !r) return r;
   if (auto r = f("lane_cpus", "LANE_CPUS", c.lane_cpus); !r) return r;
+  if (auto r = f("transports", "TRANSPORTS", c.transports); !r) return r;
   return {};
 }
 
@@ -214,7 +222,37 @@ status engine_config::apply_env() {
     return {};
   };
   if (auto r = each_number(*this, number); !r) return r;
-  return each_text(*this, textual);
+  if (auto r = each_text(*this, textual); !r) return r;
+  // Mooncake's switch to its TCP transport.
+  if (const char* v = env("FORCE_TCP", which)) {
+    std::string x(v);
+    std::transform(x.begin(), x.end(), x.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    if (x == "1" || x == "true" || x == "yes" || x == "on") {
+      transports = "tcp";
+    } else if (x != "0" && x != "false" && x != "no" && x != "off") {
+      return fail(errc::config_invalid, which + "=\"" + std::string(v) + "\": expected 1/true/yes/on or 0/false/no/off");
+    }
+  }
+  return {};
+}
+
+result<transport_set> parse_transports(std::string_view text) {
+  transport_set t;
+  t.rdma = t.tcp = false;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    std::string_view word = text.substr(at, end - at);
+    while (!word.empty() && word.front() == ' ') word.remove_prefix(1);
+    while (!word.empty() && word.back() == ' ') word.remove_suffix(1);
+    if (word == "rdma") t.rdma = true;
+    else if (word == "tcp") t.tcp = true;
+    else
+      return fail(errc::config_invalid, "transports \"" + std::string(text) + "\": \"" + std::string(word) +
+                                            "\" is not a transport (rdma, tcp, or both: \"rdma,tcp\")");
+    at = end + 1;
+  }
+  return t;
 }
 
 }  // namespace tide

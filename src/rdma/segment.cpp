@@ -1,4 +1,5 @@
 #include <tide/rdma/segment.hpp>
+#include <tide/wire/address.hpp>
 
 #include <algorithm>
 
@@ -19,6 +20,13 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
   auto seg = std::make_shared<remote_segment>();
   seg->name = d.name;
   seg->server = d.rdma_server_name.value_or(d.name);
+  if (d.tcp_data_port != 0) {
+    if (auto host = wire::parse_peer_address(d.name)) {
+      seg->tcp_host = host->host;
+      seg->tcp_port = d.tcp_data_port;
+      seg->tcp_version = d.tcp_proto_version;
+    }
+  }
   for (const auto& dev : d.devices) seg->nic_paths.push_back(seg->server + "@" + dev.name);
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> lists;
   for (const auto& [key, e] : d.priority) lists.emplace(key, std::make_pair(e.preferred, e.available));
@@ -42,6 +50,9 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
   for (std::size_t i = 0; i < d.buffers.size(); ++i) {
     const auto& b = d.buffers[i];
     auto loc = topology::location::parse(b.name);
+    // Mooncake's TCP peers name each buffer after their server, not a
+    // location: for them (no NIC to choose) any name means "*".
+    if (!loc && d.protocol != "rdma") loc = topology::location::parse("*");
     if (!loc)
       return fail(errc::metadata_malformed, "segment " + d.name + ": buffers[" + std::to_string(i) + "].name: " +
                                                 loc.error().detail);

@@ -258,16 +258,14 @@ class connection : public std::enable_shared_from_this<connection> {
   // sees each step's progress on a long payload.
   void send_some() {
     op* o = sending_;
-    std::array<asio::const_buffer, 2> bufs;
-    std::size_t n = 0;
-    if (sent_ < wire::kTcpHeaderSize) bufs[n++] = asio::buffer(header_.data() + sent_, wire::kTcpHeaderSize - sent_);
+    // Passed by value: the operation keeps its own copy of the sequence.
+    std::array<asio::const_buffer, 2> bufs{};
+    if (sent_ < wire::kTcpHeaderSize) bufs[0] = asio::buffer(header_.data() + sent_, wire::kTcpHeaderSize - sent_);
     if (o->kind == transfer_op::write) {
       const std::uint64_t off = sent_ > wire::kTcpHeaderSize ? sent_ - wire::kTcpHeaderSize : 0;
-      bufs[n++] = asio::buffer(reinterpret_cast<const void*>(o->local_addr + off), o->length - off);
+      bufs[1] = asio::buffer(reinterpret_cast<const void*>(o->local_addr + off), o->length - off);
     }
-    sock_.async_write_some(std::span(bufs.data(), n), [self = shared_from_this()](const error_code& e, std::size_t k) {
-      self->on_sent(e, k);
-    });
+    sock_.async_write_some(bufs, [self = shared_from_this()](const error_code& e, std::size_t k) { self->on_sent(e, k); });
   }
 
   void on_sent(const error_code& e, std::size_t k) {

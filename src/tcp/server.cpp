@@ -265,13 +265,13 @@ class session : public std::enable_shared_from_this<session> {
 
   // READ: the status (version 2), then the payload straight from the buffer.
   void send_payload() {
-    std::array<asio::const_buffer, 2> bufs;
-    std::size_t n = 0;
+    // Passed by value: the operation keeps its own copy of the sequence.
+    std::array<asio::const_buffer, 2> bufs{};
     const std::size_t head = req_.v2 ? wire::kTcpStatusSize : 0;
-    if (done_ < head) bufs[n++] = asio::buffer(status_.data() + done_, head - done_);
+    if (done_ < head) bufs[0] = asio::buffer(status_.data() + done_, head - done_);
     const std::uint64_t off = done_ > head ? done_ - head : 0;
-    bufs[n++] = asio::buffer(reinterpret_cast<const void*>(req_.addr + off), req_.size - off);
-    sock_.async_write_some(std::span(bufs.data(), n), [self = shared_from_this()](const error_code& e, std::size_t k) {
+    bufs[1] = asio::buffer(reinterpret_cast<const void*>(req_.addr + off), req_.size - off);
+    sock_.async_write_some(bufs, [self = shared_from_this()](const error_code& e, std::size_t k) {
       if (self->phase_ == phase::closed) return;
       if (e) return self->close();
       self->last_progress_ns_ = now_ns();

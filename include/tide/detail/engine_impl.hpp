@@ -3,6 +3,7 @@
 
 #include <tide/detail/handshake_address.hpp>
 #include <tide/detail/log.hpp>
+#include <tide/detail/tcp_route.hpp>
 #include <tide/metrics.hpp>
 #include <tide/net/address.hpp>
 #include <tide/net/handshake_client.hpp>
@@ -49,6 +50,10 @@ struct transfer_engine<P>::impl {
   /// The metrics endpoint (metrics_port != 0).  Owned here; stopped first in
   /// ~transfer_engine, before anything its thread reads goes away.
   std::unique_ptr<metrics::http_server> metrics_server;
+  /// The TCP transport (null when not installed) and the route that joins
+  /// it to the data path; the route outlives the transport, which calls it.
+  std::unique_ptr<detail::tcp_route<P>> route = std::make_unique<detail::tcp_route<P>>();
+  std::unique_ptr<tcp::transport> tcp;
 
   void forget_rpc_addresses() {
     std::lock_guard lock(rpc_mu);
@@ -72,6 +77,10 @@ transfer_engine<P>::~transfer_engine() {
   // No notification is handed to a lane from here on; the lanes give back
   // the ones they hold as they stop (the outbox sends those over TCP).
   if (impl_->outbox) impl_->outbox->disable_rdma();
+  // The data path stops first (no WR goes to TCP afterwards), then TCP
+  // ends its ops and its server reads no buffer: then both may go.
+  if (transport_) transport_->shutdown();
+  if (impl_->tcp) impl_->tcp->shutdown();
   transport_.reset();
   // Every task is final now: what the outbox holds is all it will get.
   if (impl_->outbox) impl_->outbox->stop();
@@ -220,7 +229,28 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   };
   auto peer_gid = [self](std::string_view segment, std::string_view device) { return self->peer_gid(segment, device); };
 
+  auto kinds = parse_transports(e->cfg_.transports);
+  if (!kinds) return fail(kinds.error());
+  if (kinds->tcp) {
+    tcp::config tcfg;
+    tcfg.bind_host = e->cfg_.bind_host;
+    tcfg.port = e->cfg_.tcp_port;
+    tcfg.io_threads = e->cfg_.tcp_io_threads;
+    tcfg.conns_per_peer = e->cfg_.tcp_conns_per_peer;
+    tcfg.force_v1 = e->cfg_.tcp_proto == 1;
+    tcfg.connect_timeout = e->cfg_.handshake_connect_timeout;
+    tcfg.secret = im->secret;
+    tcfg.identity = e->name_;
+    auto tt = tcp::transport::create(tcfg, *im->route);
+    if (!tt) return fail(tt.error().code, "tcp transport: " + tt.error().detail);
+    im->tcp = std::move(*tt);
+  }
+
   rdma::transport_config tc;
+  tc.rdma = kinds->rdma;
+  tc.allow_no_devices = kinds->tcp;
+  tc.tcp_data_port = im->tcp ? im->tcp->port() : 0;
+  tc.carrier_slice_size = e->cfg_.tcp_slice_size;
   tc.context.local_server_name = e->name_;
   tc.context.port = e->cfg_.ib_port;
   tc.context.gid_index = e->cfg_.gid_index;
@@ -284,6 +314,11 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   auto t = rdma::rdma_transport<P>::create(tc, std::move(send), publish, refresh, peer_gid);
   if (!t) return fail(t.error());
   e->transport_ = std::move(*t);
+  if (im->tcp) e->transport_->set_carrier(im->route.get());
+  im->route->attach(e->transport_.get(), im->tcp.get());
+  if (kinds->rdma && e->transport_->context_count() == 0)
+    TIDE_LOG_WARN("no RDMA device on this host: " << e->name_ << " runs on TCP alone (data port "
+                                                  << im->tcp->port() << ")");
   im->transport.store(e->transport_.get(), std::memory_order_release);
   im->outbox->set_rdma([self](segment_id target, rdma::detail::notify_send* n) {
     return self->transport_->send_notify_rdma(target, n);
@@ -521,6 +556,16 @@ std::uint16_t transfer_engine<P>::metrics_port() const noexcept {
 template <class P>
 net::handshake_server_stats transfer_engine<P>::handshake_stats() const noexcept {
   return impl_->server ? impl_->server->stats() : net::handshake_server_stats{};
+}
+
+template <class P>
+std::uint16_t transfer_engine<P>::tcp_port() const noexcept {
+  return impl_->tcp ? impl_->tcp->port() : 0;
+}
+
+template <class P>
+tcp::stats transfer_engine<P>::tcp_stats() const noexcept {
+  return impl_->tcp ? impl_->tcp->stats() : tcp::stats{};
 }
 
 }  // namespace tide

@@ -21,6 +21,7 @@
 #include <tide/detail/log.hpp>
 #include <tide/rdma/batch_table.hpp>
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/carrier.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/detail/retry_timer.hpp>
 #include <tide/rdma/detail/task_telemetry.hpp>
@@ -78,6 +79,19 @@ struct transport_config {
   /// `peer_server` = the server part of the peer's NIC path).  Empty: the
   /// endpoints advertise no receives (context.notify_credits is ignored).
   std::function<void(const notify_desc&, std::string_view peer_server)> on_notify;
+  /// Open the host's RDMA devices.  false: no context at all (an engine on
+  /// TCP alone); every request goes to the carrier (set_carrier).
+  bool rdma = true;
+  /// No RDMA device on the host is errc::no_device unless this is set: then
+  /// the transport runs without a context, as with rdma = false.
+  bool allow_no_devices = false;
+  /// What the descriptor advertises for the carrier (the TCP transport's
+  /// data port; 0 = none) and its protocol version.
+  std::uint16_t tcp_data_port = 0;
+  std::uint32_t tcp_proto_version = 2;
+  /// Slicing of submits that only the carrier can take (each WR is a
+  /// request with its own header there, so fewer, larger ones).
+  std::size_t carrier_slice_size = std::size_t{256} << 10;
 };
 
 template <class P>
@@ -192,6 +206,23 @@ class rdma_transport {
   /// hop through the outbox thread.  Any thread but a lane's.
   [[nodiscard]] detail::notify_sink* notify_lane_for(segment_id target, detail::notify_send* n) noexcept;
 
+  // ---- another transport (detail/carrier.hpp) ----
+  /// Installs the carrier for WRs no RDMA rail can take (before the first
+  /// submit; the carrier outlives every WR it was handed).
+  void set_carrier(detail::slice_carrier* c) noexcept { carrier_ = c; }
+  /// The carrier's outcome of WR `s`: retires it, or hands it to the
+  /// carrier again (connection_lost, before the deadline, up to max_retry).
+  /// Any thread but one inside the carrier's locks.
+  void carried(detail::slice& s, errc e) noexcept;
+  /// For a peer's request that another transport serves: the registered
+  /// buffer holding [addr, addr + len) when it grants `op` to peers; it
+  /// stays registered (unregister_memory waits) until close_local_range.
+  /// Errors (no detail: the I/O path): out_of_bounds (no buffer holds the
+  /// range), remote_access_denied (its access mode forbids `op`; local_only
+  /// buffers forbid both), busy (being unregistered).  Any thread.
+  [[nodiscard]] errc open_local_range(std::uint64_t addr, std::uint64_t len, transfer_op op, void*& handle) noexcept;
+  void close_local_range(void* handle) noexcept;
+
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of
   /// the NIC it targets.  A request without a GID gets it from the requester's
@@ -271,6 +302,16 @@ class rdma_transport {
   void bind_rail(detail::slice& s, const local_buffer& lb, const remote_segment& seg, const remote_buffer& pb,
                  plan::rail r, std::int64_t now_ns) noexcept;
   void dispatch_one(detail::slice& s) noexcept;
+  // Markers in a head's local_device between planning and dispatch.
+  static constexpr std::uint16_t kNoRoute = 0xffff;
+  static constexpr std::uint16_t kViaCarrier = 0xfffe;
+  // Hands WR `s` to the carrier (its RDMA fields cleared, telemetry noted).
+  void to_carrier(detail::slice& s) noexcept;
+  // Whether a submit to `seg` can only go to the carrier (no NIC here, or
+  // none there).
+  [[nodiscard]] bool carrier_only(const remote_segment& seg) const noexcept {
+    return contexts_.empty() || seg.nic_paths.empty();
+  }
   [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
 
   [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests,
@@ -327,6 +368,8 @@ class rdma_transport {
   std::unique_ptr<batch_table> batches_;
 
   plan::planner_config plan_cfg_;
+  plan::planner_config carrier_plan_cfg_;  ///< submits only the carrier takes
+  detail::slice_carrier* carrier_ = nullptr;
   plan::rail_table rails_;
   std::unique_ptr<plan::nic_load[]> loads_;  ///< by device id
   std::optional<plan::path_selector<typename P::path>> paths_;

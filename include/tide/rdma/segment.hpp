@@ -82,6 +82,11 @@ struct remote_segment {
   /// Ids are the descriptor's buffers[].id, or the index for a descriptor
   /// without ids (Mooncake's).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> by_id;
+  /// Its TCP data port, when the descriptor publishes one (0: none): the
+  /// host part of its name, as Mooncake's TCP initiators read it.
+  std::string tcp_host;
+  std::uint16_t tcp_port = 0;
+  std::uint32_t tcp_version = 1;
 
   /// Builds the view.  Errors: metadata_malformed (a buffer location that
   /// does not parse, a priority matrix naming no device of devices[]).

@@ -191,6 +191,7 @@ struct task_state {
   std::atomic<std::uint32_t> retries{0};
   std::atomic<std::uint32_t> local_nics{0};  ///< bit per local device id
   std::atomic<std::uint64_t> peer_nics{0};   ///< bit per peer devices[] index (63: >= 63)
+  std::atomic<std::uint8_t> transports{0};   ///< transfer_telemetry::kViaRdma / kViaTcp
 };
 
 struct batch_state {

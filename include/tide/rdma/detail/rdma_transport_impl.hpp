@@ -26,7 +26,9 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   std::map<std::string, int> hca_numa;  // device -> sysfs numa_node (finding 17)
   if (auto hcas = topology::scan_hcas(cfg.context.sysfs_root))
     for (const auto& h : *hcas) hca_numa[h.name] = h.numa_node;
-  if (!cfg.custom_topology_json.empty()) {
+  if (!cfg.rdma) {
+    // No context: the descriptor lists no device and the carrier takes every request.
+  } else if (!cfg.custom_topology_json.empty()) {
     auto m = topology::priority_matrix::from_json(cfg.custom_topology_json);
     if (!m) return fail(errc::config_invalid, "custom topology: " + m.error().detail);
     t->matrix_ = std::move(*m);
@@ -40,8 +42,9 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
     for (const auto& want : cfg.devices)
       if (std::none_of(use.begin(), use.end(), [&](const auto& h) { return h.name == want; }))
         return fail(errc::device_not_found, "device " + want + " is not an RDMA device of this host");
-    if (use.empty()) return fail(errc::no_device, "no RDMA device on this host");
-    t->matrix_ = topology::priority_matrix::from_hcas(use, topology::scan_numa_nodes(cfg.context.sysfs_root));
+    if (use.empty() && !cfg.allow_no_devices) return fail(errc::no_device, "no RDMA device on this host");
+    if (!use.empty())
+      t->matrix_ = topology::priority_matrix::from_hcas(use, topology::scan_numa_nodes(cfg.context.sysfs_root));
   }
   if (t->matrix_.devices().size() > kMaxContexts)
     return fail(errc::config_invalid, "at most " + std::to_string(kMaxContexts) + " devices");
@@ -53,6 +56,11 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   t->plan_cfg_.inline_limit = cfg.inline_limit;
   t->plan_cfg_.coalesce = cfg.coalesce;
   if (auto r = t->plan_cfg_.validate(); !r) return fail(r.error());
+  // The carrier has no device limit on a WR's size, and nothing goes inline.
+  t->carrier_plan_cfg_ = t->plan_cfg_;
+  t->carrier_plan_cfg_.slice_size = std::max<std::size_t>(cfg.carrier_slice_size, cfg.slice_size);
+  t->carrier_plan_cfg_.inline_limit = 0;
+  if (auto r = t->carrier_plan_cfg_.validate(); !r) return fail(errc::config_invalid, "tcp slicing: " + r.error().detail);
   if (auto r = cfg.rail.validate(); !r) return fail(r.error());
   // Prior bandwidth of each NIC: its port's rate in sysfs (speed x width).
   const std::size_t ndev = t->matrix_.devices().size();
@@ -258,7 +266,12 @@ template <class P>
 segment_desc rdma_transport<P>::local_header() const {
   segment_desc d;
   d.name = cfg_.context.local_server_name;
-  d.protocol = "rdma";
+  // Mooncake's initiators route by this field: "tcp" only where no NIC serves.
+  d.protocol = contexts_.empty() ? "tcp" : "rdma";
+  if (cfg_.tcp_data_port != 0) {
+    d.tcp_data_port = cfg_.tcp_data_port;
+    d.tcp_proto_version = cfg_.tcp_proto_version;
+  }
   for (const auto& c : contexts_) {
     device_desc dev;
     dev.name = c->name();
@@ -534,8 +547,35 @@ status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests
                   where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
                       std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
                       std::string(to_string(a)) + " only");
+    if (carrier_only(seg) && (carrier_ == nullptr || !carrier_->reaches(seg))) [[unlikely]]
+      return fail(errc::peer_unreachable,
+                  where() + "no transport reaches segment " + seg.name +
+                      (contexts_.empty() ? ": this engine has no RDMA device, and the peer publishes no TCP data port"
+                                         : ": the peer has no RDMA device, and TCP is not installed here"));
   }
   return {};
+}
+
+// ---------------------------------------------------------------- another transport
+
+template <class P>
+errc rdma_transport<P>::open_local_range(std::uint64_t addr, std::uint64_t len, transfer_op op,
+                                         void*& handle) noexcept {
+  std::shared_lock lock(local_mu_);
+  const local_buffer* b = find_local(addr, len);
+  if (b == nullptr) return errc::out_of_bounds;
+  if (b->closing.load(std::memory_order_relaxed)) return errc::busy;
+  if (!(op == transfer_op::write ? allows_write(b->access) : allows_read(b->access))) return errc::remote_access_denied;
+  // Under the shared lock, as a submit counts: unregister_memory's count is exact.
+  b->inflight.fetch_add(1, std::memory_order_relaxed);
+  handle = const_cast<local_buffer*>(b);
+  return errc::ok;
+}
+
+template <class P>
+void rdma_transport<P>::close_local_range(void* handle) noexcept {
+  // Release: the bytes moved happen before a drain sees 0 (acquire there).
+  static_cast<local_buffer*>(handle)->inflight.fetch_sub(1, std::memory_order_release);
 }
 
 }  // namespace tide::rdma

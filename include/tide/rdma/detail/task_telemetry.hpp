@@ -27,6 +27,11 @@ inline void start_telemetry(task_state& t, transfer_op op, std::uint64_t length,
   t.retries.store(0, std::memory_order_relaxed);
   t.local_nics.store(0, std::memory_order_relaxed);
   t.peer_nics.store(0, std::memory_order_relaxed);
+  t.transports.store(0, std::memory_order_relaxed);
+}
+
+inline void note_transport(task_state& t, std::uint8_t bit) noexcept {
+  if ((t.transports.load(std::memory_order_relaxed) & bit) == 0) t.transports.fetch_or(bit, std::memory_order_relaxed);
 }
 
 /// One WR carrying bytes of `t` goes to the NIC on (local_device, peer_device).
@@ -43,6 +48,21 @@ inline void note_posted(task_state& t, std::uint16_t local_device, std::uint16_t
     t.local_nics.fetch_or(lbit, std::memory_order_relaxed);
   const std::uint64_t pbit = std::uint64_t{1} << (peer_device < 63 ? peer_device : 63);
   if ((t.peer_nics.load(std::memory_order_relaxed) & pbit) == 0) t.peer_nics.fetch_or(pbit, std::memory_order_relaxed);
+  note_transport(t, transfer_telemetry::kViaRdma);
+}
+
+/// The WR headed by `s` goes to another transport (detail/carrier.hpp):
+/// its tasks' first post, WR count and transport bit.
+inline void note_carried_wr(const slice& s, std::int64_t now_ns) noexcept {
+  for (const slice* x = &s; x != nullptr; x = x->rider) {
+    task_state& t = *x->task;
+    if (t.first_post_ns.load(std::memory_order_relaxed) == 0) {
+      std::int64_t none = 0;
+      (void)t.first_post_ns.compare_exchange_strong(none, now_ns, std::memory_order_relaxed);
+    }
+    t.wrs.fetch_add(1, std::memory_order_relaxed);
+    note_transport(t, transfer_telemetry::kViaTcp);
+  }
 }
 
 /// note_posted for the WR headed by `s`: its own task and every rider's.
@@ -73,6 +93,7 @@ inline void note_retry(task_state& t) noexcept { t.retries.fetch_add(1, std::mem
   out.tasks = 1;
   out.local_nics = t.local_nics.load(std::memory_order_relaxed);
   out.peer_nics = t.peer_nics.load(std::memory_order_relaxed);
+  out.transports = t.transports.load(std::memory_order_relaxed);
   if (is_final(out.state) && out.state != transfer_state::completed) out.reason = t.reason.load(std::memory_order_relaxed);
   return out;
 }
@@ -95,6 +116,7 @@ inline void add_telemetry(transfer_telemetry& b, const transfer_telemetry& t) no
   b.tasks += 1;
   b.local_nics |= t.local_nics;
   b.peer_nics |= t.peer_nics;
+  b.transports |= t.transports;
   if (b.reason == errc::ok) b.reason = t.reason;
   // The batch's state as batch_status: pending while any is, else the first
   // task that did not complete.

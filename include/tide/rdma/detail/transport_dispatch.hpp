@@ -102,7 +102,10 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     extents[i] = {reinterpret_cast<std::uint64_t>(r.source), res[i].remote_addr, r.length, r.op, r.target,
                   reinterpret_cast<std::uint64_t>(res[i].local), static_cast<std::uint32_t>(res[i].peer_buffer)};
   }
-  if (auto r = plan::plan(plan_cfg_, extents, planned); !r) return r;
+  // A submit that only the carrier can take is sliced for it.
+  bool carrier_all = carrier_ != nullptr;
+  for (std::size_t i = 0; i < requests.size() && carrier_all; ++i) carrier_all = carrier_only(*res[i].seg);
+  if (auto r = plan::plan(carrier_all ? carrier_plan_cfg_ : plan_cfg_, extents, planned); !r) return r;
   maps.assign(requests.size(), nullptr);
   {
     std::shared_lock seg_lock(seg_mu_);
@@ -151,9 +154,17 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     wr_bytes.resize(g.wr_count);
     wr_rails.resize(g.wr_count);
     for (std::uint32_t k = 0; k < g.wr_count; ++k) wr_bytes[k] = planned.wrs[g.first_wr + k].length;
-    fill_candidates(lb, reinterpret_cast<std::uint64_t>(requests[fr].source), seg, pb, res[fr].remote_addr, cands);
-    const bool routed = rm != nullptr && paths_->choose(cands.view(), *rm, active, wr_bytes, g.bytes,
-                                                         topology::fast_random(), now_us, wr_rails);
+    // Where no rail can go: the carrier, when the peer serves it (checked
+    // at resolution for a peer only it reaches).  With every rail paused,
+    // the carrier takes all but the one probe WR.
+    const bool only_carrier = carrier_only(seg);
+    const bool may_carry = carrier_ != nullptr && (only_carrier || carrier_->reaches(seg));
+    bool routed = false, healthy = true;
+    if (!only_carrier) {
+      fill_candidates(lb, reinterpret_cast<std::uint64_t>(requests[fr].source), seg, pb, res[fr].remote_addr, cands);
+      routed = rm != nullptr && paths_->choose(cands.view(), *rm, active, wr_bytes, g.bytes, topology::fast_random(),
+                                               now_us, wr_rails, &healthy);
+    }
     for (std::uint32_t k = 0; k < g.wr_count; ++k) {
       const plan::planned_wr& w = planned.wrs[g.first_wr + k];
       detail::slice* head = nullptr;
@@ -183,10 +194,12 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
       head->length = w.length;
       head->inline_data = w.inline_data;
       head->rails = rm;
-      if (routed) {
+      if (may_carry && (!routed || (!healthy && !wr_rails[k].probe))) {
+        head->local_device = kViaCarrier;  // handed over once the batch counts it (below)
+      } else if (routed) {
         bind_rail(*head, lb, seg, pb, wr_rails[k], now_ns);
       } else {
-        head->local_device = 0xffff;  // no NIC can reach the target: fails once the batch counts it (below)
+        head->local_device = kNoRoute;  // no NIC can reach the target: fails once the batch counts it (below)
       }
       heads.push_back(head);
     }
@@ -200,7 +213,11 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   std::array<chain, kMaxContexts> chains{};
   std::size_t nctx_used = 0, chains_used = 0;
   for (detail::slice* s : heads) {
-    if (s->local_device == 0xffff) [[unlikely]] {
+    if (s->local_device == kViaCarrier) {
+      to_carrier(*s);
+      continue;
+    }
+    if (s->local_device == kNoRoute) [[unlikely]] {
       detail::retire_wr(*s, errc::context_inactive);
       continue;
     }
@@ -296,6 +313,15 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
       if (found) bind_rail(s, *lb, *seg, pb, next, now_us * 1000);
     }
   }
+  // No other rail: another transport, where the peer serves one, rather
+  // than waiting for this rail to come back.
+  if (!found && carrier_ != nullptr && carrier_->reaches(*seg)) {
+    count_retry(s);
+    TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << ") with no other healthy rail to "
+                            << *s.peer_path << ": carried over TCP");
+    to_carrier(s);
+    return;
+  }
   if (!found && transient && contexts_[s.local_device]->active()) {
     // No other rail: the failed one once more, on the fresh endpoint the
     // lane makes (the failed one was retired with its QPs).
@@ -312,6 +338,44 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
   TIDE_LOG_DEBUG("slice " << &s << " failed (" << to_string(e) << "), retry " << int(s.retries) << " on "
                           << contexts_[next.local]->name() << " -> " << *s.peer_path << (next.probe ? " (probe)" : ""));
   dispatch_one(s);
+}
+
+template <class P>
+void rdma_transport<P>::to_carrier(detail::slice& s) noexcept {
+  detail::release_charge(s, false);
+  s.ep = nullptr;
+  s.rail = nullptr;
+  s.probe = false;
+  s.next = nullptr;
+  detail::note_carried_wr(s, detail::steady_now_ns());
+  carrier_->carry(s);
+}
+
+template <class P>
+void rdma_transport<P>::carried(detail::slice& s, errc e) noexcept {
+  if (e == errc::ok) [[likely]] {
+    detail::retire_wr(s, e);
+    return;
+  }
+  detail::task_state& t = *s.task;
+  if (e == errc::remote_access_error) {
+    // As an rkey the peer rejected: its buffers may have changed.
+    std::shared_lock lock(seg_mu_);
+    if (t.target < segments_.size()) segments_[t.target]->stale.store(true, std::memory_order_relaxed);
+  }
+  // A connection that closed or stalled under the request: another one
+  // may carry it, within the deadline and max_retry.
+  const bool again = e == errc::connection_lost && !stopping_.load(std::memory_order_acquire) &&
+                     detail::should_drop(s) == errc::ok && s.retries < cfg_.max_retry &&
+                     detail::retry_timer::before_deadline(s, std::chrono::nanoseconds{0});
+  if (again) {
+    count_retry(s);
+    detail::note_cause(t, e, nullptr);
+    carrier_->carry(s);
+    return;
+  }
+  const errc why = detail::should_drop(s);
+  detail::retire_wr(s, why != errc::ok && e == errc::connection_lost ? why : e);
 }
 
 template <class P>

@@ -84,10 +84,12 @@ class path_selector {
   /// Assigns a rail to each WR of an extent (`out[i]` for `wr_bytes[i]`).
   /// `active_mask` bit d: local device d may be used.  Returns false when
   /// there is no candidate at all (no local NIC active or no peer NIC):
-  /// the caller fails the WRs.  Hot path: no allocation, no lock.
+  /// the caller fails the WRs.  `any_healthy` (optional): whether a healthy
+  /// rail took them, or only a probe and the fallback (every rail paused).
+  /// Hot path: no allocation, no lock.
   [[nodiscard]] bool choose(const candidates& c, const rail_map& m, std::uint32_t active_mask,
                             std::span<const std::uint32_t> wr_bytes, std::uint64_t bytes, std::uint32_t random,
-                            std::int64_t now_us, std::span<rail> out) noexcept {
+                            std::int64_t now_us, std::span<rail> out, bool* any_healthy = nullptr) noexcept {
     std::array<std::uint8_t, kMaxPeers> peer_tier;
     const std::size_t npeers = peer_tiers(c, m, peer_tier);
     std::array<path_nic, kMaxLocal> nics;
@@ -127,6 +129,7 @@ class path_selector {
     for (auto l : c.local_preferred) consider(l, 0);
     for (auto l : c.local_available) consider(l, 1);
     if (!have_fallback) return false;
+    if (any_healthy != nullptr) *any_healthy = nn != 0;
     if (nn == 0) {
       // No healthy rail: the probe if there is one, else the best-ranked rail (its WRs fail fast).
       const rail r = have_probe ? probe : fallback;
