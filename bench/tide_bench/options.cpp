@@ -100,7 +100,9 @@ result<bench_options> parse_options(int argc, const char* const* argv,
          return {};
        }},
       {"protocol", [&](std::string_view v) -> status {
-         if (v != "rdma") return fail(errc::invalid_argument, "--protocol: tide only speaks rdma, not '" + std::string(v) + "'");
+         if (v != "rdma" && v != "tcp")
+           return fail(errc::invalid_argument, "--protocol: rdma or tcp, not '" + std::string(v) + "'");
+         o.protocol = v;
          return {};
        }},
       {"buffer_size", size_flag("buffer_size", o.buffer_size)},
@@ -201,6 +203,7 @@ std::string usage(const std::vector<std::string>& policy_names) {
         "  --auth_secret_file  cluster secret file (>= 32 random bytes, mode 0600); both sides need it\n"
         "  --segment_id        the target's segment name (initiator; the target prints it)\n"
         "  --device_name       RDMA devices to use, comma-separated (default: all)\n"
+        "  --protocol          rdma (default) or tcp (Mooncake's data-port protocol, no RDMA device needed)\n"
         "  --operation         read (default) or write\n"
         "  --buffer_size       bytes registered on each side (default 1G)\n"
         "  --batch_size        requests per batch (default 128)\n"

@@ -27,6 +27,7 @@ struct bench_options {
   std::string local_server_name = "127.0.0.1";
   std::string segment_id;                 ///< the target's segment name (initiator only)
   std::vector<std::string> device_names;  ///< --device_name a,b
+  std::string protocol = "rdma";          ///< rdma (RDMA only) or tcp (TCP only), as Mooncake's --protocol
   bench_operation operation = bench_operation::read;
   std::uint64_t buffer_size = 1ull << 30;
   std::uint32_t batch_size = 128;

@@ -51,6 +51,7 @@ inline engine_config bench_engine_config(const bench_options& o) {
   if (!o.auth_secret_file.empty()) cfg.auth_secret_file = o.auth_secret_file;
   if (o.metrics_port != 0) cfg.metrics_port = o.metrics_port;  // 127.0.0.1 (engine_config::metrics_bind)
   cfg.devices = o.device_names;
+  cfg.transports = o.protocol;  // one transport: what the bench measures
   return cfg;
 }
 

@@ -50,7 +50,7 @@ TEST_CASE("bad flags are rejected with the flag named") {
       {{"--mode=target", "--threads=abc"}, "--threads"},
       {{"--mode=target", "--report_unit=furlongs"}, "--report_unit"},
       {{"--mode=target", "--policy=nope"}, "no policy set named 'nope'"},
-      {{"--mode=target", "--protocol=tcp"}, "--protocol"},
+      {{"--mode=target", "--protocol=efa"}, "--protocol: rdma or tcp"},
       {{"--mode=target", "--duration=-1"}, "--duration"},
       {{"--mode=target", "--metrics_port=0"}, "--metrics_port must be in 1..65535"},
       {{"--mode=target", "--metrics_port=70000"}, "--metrics_port must be in 1..65535"},

@@ -247,8 +247,9 @@ TEST_CASE("engine_config: environment overrides, bad values named") {
   ::unsetenv("MC_SLICE_SIZE");
 }
 
-TEST_CASE("transfer_engine::create without an RDMA device says so") {
+TEST_CASE("transfer_engine::create with RDMA alone and no RDMA device says so") {
   engine_config c;
+  c.transports = "rdma";  // with "rdma,tcp" (the default) it runs on TCP alone: engine_tcp_test.cpp
   c.sysfs_root = "/nonexistent-sysfs";
   auto e = transfer_engine<>::create(c);
   REQUIRE_FALSE(e);

@@ -167,6 +167,19 @@ class peer {
     return std::fgets(line, sizeof line, from_) != nullptr && std::strncmp(line, "OK", 2) == 0;
   }
   void signal(int sig) { ::kill(pid_, sig); }
+  /// SIGSTOP, returning once the kernel has stopped it (its state is T).
+  void stop() {
+    ::kill(pid_, SIGSTOP);
+    const std::string stat = "/proc/" + std::to_string(pid_) + "/stat";
+    for (int i = 0; i < 5000; ++i) {
+      std::ifstream in(stat);
+      std::string pid, comm, state;
+      in >> pid >> comm >> state;
+      if (state == "T") return;
+      std::this_thread::sleep_for(1ms);
+    }
+    FAIL("the peer did not stop");
+  }
   void kill() {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
@@ -365,7 +378,7 @@ TEST_CASE("tcp engine: cancel and timeout against a stopped peer; nothing is wri
   auto seg = a->open_segment(p.name());
   REQUIRE(seg);
   REQUIRE(p.ask("FILL", 0, 16 << 20, 9));
-  p.signal(SIGSTOP);  // the kernel still accepts; nothing is answered
+  p.stop();  // the kernel still accepts; nothing is answered
   auto b = a->allocate_batch(4);
   REQUIRE(b);
   std::vector<transfer_request> reqs;

@@ -130,8 +130,11 @@ struct config {
   std::chrono::milliseconds request_timeout{5000};
   std::chrono::milliseconds idle_timeout{300000};
   std::chrono::milliseconds client_idle_timeout{60000};  ///< shorter than a server's, so the client closes first
-  std::size_t max_connections = 1024;
-  std::size_t max_connections_per_source = 64;
+  /// A version-1 client (Mooncake's default before its connection pool)
+  /// opens a connection per request in flight, so one busy peer may hold
+  /// hundreds: the per-source bound is set for that, and bounds a flood.
+  std::size_t max_connections = 4096;
+  std::size_t max_connections_per_source = 1024;
   /// The cluster secret (null: Mooncake's unauthenticated protocol) and
   /// this engine's identity (its segment name) for the authentication.
   std::shared_ptr<const wire::cluster_secret> secret;
