@@ -48,6 +48,7 @@ tide::engine_config config_for(const std::string& device) {
   tide::engine_config c;
   c.local_server_name = "127.0.0.1";
   c.devices = {device};
+  c.transports = "rdma";
   c.workers_per_context = 1;
   c.num_qp_per_ep = 1;  // a lane owns one QP of every endpoint
   c.transfer_timeout = 60s;

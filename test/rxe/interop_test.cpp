@@ -58,6 +58,7 @@ struct fixture {
     c.metadata = meta.connection;
     c.cluster_id = std::move(cluster_id);
     c.devices = {devices[0]};
+    c.transports = "rdma";  // Mooncake's RDMA transport on the other side
     c.transfer_timeout = 60s;
     auto e = engine_type::create(c);
     REQUIRE_MESSAGE(e.has_value(), e.error());

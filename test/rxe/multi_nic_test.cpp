@@ -114,6 +114,7 @@ struct rig {
     tide::engine_config c;
     c.local_server_name = "127.0.0.1";
     c.devices = devices;
+    c.transports = "rdma";  // rail health and path policies, not the failover to TCP
     c.transfer_timeout = 60s;
     c.max_retry = 8;
     c.rail_cooldown = cooldown;

@@ -53,6 +53,9 @@ inline engine_config config_for(std::vector<std::string> devices) {
   c.local_server_name = "127.0.0.1";
   c.devices = std::move(devices);
   c.transfer_timeout = 60s;
+  // The RDMA suites test RDMA, its failures included: no TCP to fail over to
+  // (test/rxe/failover_test.cpp installs both).
+  c.transports = "rdma";
   return c;
 }
 

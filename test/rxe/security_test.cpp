@@ -67,6 +67,7 @@ std::unique_ptr<engine> make(const std::string& device, const std::string& secre
   tide::engine_config c;
   c.local_server_name = "127.0.0.1";
   c.devices = {device};
+  c.transports = "rdma";
   c.transfer_timeout = 20s;
   c.max_retry = 0;
   c.auth_secret_file = secret;
