@@ -300,8 +300,10 @@ class connection : public std::enable_shared_from_this<connection> {
         self->drop("writing the challenge failed: " + ec.message());
         return;
       }
-      // The authenticated request follows on this connection, bounded anew.
-      self->dec_ = frame_decoder(self->srv_.cfg.max_frame);
+      // The authenticated request follows on this connection, bounded by
+      // what a real request needs: it is still a stranger's until its MAC
+      // verifies, so a longer one is dropped at its length field, unread.
+      self->dec_ = frame_decoder(std::min(self->srv_.cfg.max_frame, self->srv_.cfg.max_auth_request_frame));
       self->phase_ = phase::reading;
       self->arm_timer();
       self->read_request();
@@ -622,6 +624,8 @@ result<handshake_server> handshake_server::start(handshake_server_config config,
   if (config.max_connections_per_source == 0)
     return fail(errc::config_invalid, "handshake server max_connections_per_source must be > 0");
   if (config.max_hello_frame == 0) return fail(errc::config_invalid, "handshake server max_hello_frame must be > 0");
+  if (config.max_auth_request_frame == 0)
+    return fail(errc::config_invalid, "handshake server max_auth_request_frame must be > 0");
   if (config.hello_timeout.count() <= 0)
     return fail(errc::config_invalid, "handshake server hello_timeout must be > 0");
   const bool use_range = config.port == 0 && (config.port_range_min != 0 || config.port_range_max != 0);

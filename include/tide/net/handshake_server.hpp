@@ -24,8 +24,8 @@
 /// holds no thread); callbacks run on `handler_threads` worker threads, so a
 /// slow callback delays neither I/O nor probes, and callbacks may run
 /// concurrently with each other.  Memory: at most max_connections connections,
-/// each buffering at most max_frame bytes of request (max_hello_frame before
-/// the hello, with a secret).  Admission: at most max_connections_per_source
+/// each buffering at most max_frame bytes of request (with a secret:
+/// max_hello_frame for the hello, max_auth_request_frame for the request).  Admission: at most max_connections_per_source
 /// per source address, and slots reserved for connections past
 /// authentication (reserved_authenticated).
 ///
@@ -83,10 +83,14 @@ struct handshake_server_config {
   std::size_t reserved_authenticated = 64;
   /// With a secret, the hello (the first frame, before anything is proven):
   /// at most max_hello_frame bytes, complete within hello_timeout of accept.
-  /// A hello is 32 bytes; the request after the challenge is bounded by
-  /// max_frame and receive_timeout as before.
+  /// A hello is 32 bytes.
   std::size_t max_hello_frame = 4096;
   std::chrono::milliseconds hello_timeout{1000};
+  /// With a secret, the request after the challenge (still unproven until
+  /// its MAC is checked): at most this many bytes (and max_frame), complete
+  /// within receive_timeout; a longer one is dropped at its length field,
+  /// unread.  Decoded without a DOM before its MAC is checked.
+  std::size_t max_auth_request_frame = wire::kMaxAuthRequestFrame;
   /// Worker threads for on_connect / on_notify / local_segment.
   unsigned handler_threads = 2;
   /// The cluster secret; null = Mooncake's unauthenticated wire.
