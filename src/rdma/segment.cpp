@@ -19,6 +19,7 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
   auto seg = std::make_shared<remote_segment>();
   seg->name = d.name;
   seg->server = d.rdma_server_name.value_or(d.name);
+  seg->incarnation = d.incarnation;
   for (const auto& dev : d.devices) seg->nic_paths.push_back(seg->server + "@" + dev.name);
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> lists;
   for (const auto& [key, e] : d.priority) lists.emplace(key, std::make_pair(e.preferred, e.available));

@@ -865,6 +865,53 @@ TEST_CASE("link down during transfers: port event seen, clean failure or failove
   CHECK(same(la.data, lb.data, kSize));
 }
 
+// Review 1ab3d99 #10: buffer ids count from 0 in every process, and a peer
+// restarted on the same handshake port keeps its segment name.  Before the
+// fix, once a refresh showed the new process, a WRITE by the old id landed
+// in the new process's buffer 0.
+TEST_CASE("review 1ab3d99 #10: a peer restarted under its name: a WRITE by an old buffer id fails naming the restart") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  constexpr std::size_t kLen = 64 << 10;
+  buffer la(kLen);
+  REQUIRE(a->register_memory(la.data, kLen, "cpu:0"));
+  const auto port = static_cast<std::uint16_t>(18100 + ::getpid() % 800);
+  std::string name;
+  tide::segment_id seg = 0;
+  {
+    peer_process p1(devs[1], port, kPeerMem);
+    name = p1.segment;
+    seg = a->open_segment(name).value();
+    fill(la.data, kLen, 1);
+    REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen)));
+    REQUIRE(p1.ask("CHECK", 0, kLen, 1));
+    p1.kill();
+  }
+  peer_process p2(devs[1], port, kPeerMem);
+  REQUIRE(p2.segment == name);
+  REQUIRE(p2.ask("FILL", 0, kLen, 7));
+  // The old view's QPs and rkey fail first (that marks the view stale);
+  // the refresh that follows shows another incarnation.
+  fill(la.data, kLen, 2);
+  tide::error last{tide::errc::ok, {}};
+  bool landed = false;
+  for (int i = 0; i < 8 && last.code != tide::errc::unknown_segment && !landed; ++i) {
+    auto r = run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen));
+    if (r) landed = true;
+    else last = r.error();
+    MESSAGE("attempt " << i << ": " << (r ? std::string("completed") : r.error().message()));
+  }
+  CHECK_FALSE(landed);
+  CHECK(last.code == tide::errc::unknown_segment);
+  CHECK(last.detail.find("restarted since segment") != std::string::npos);
+  CHECK(p2.ask("CHECK", 0, kLen, 7));  // its buffer 0 untouched
+  // Reopened: the new process's ids.
+  REQUIRE(a->close_segment(seg));
+  seg = a->open_segment(name).value();
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen)));
+  CHECK(p2.ask("CHECK", 0, kLen, 2));
+}
+
 int main(int argc, char** argv) {
   // A killed peer's pipe must not kill the test.
   ::signal(SIGPIPE, SIG_IGN);

@@ -232,6 +232,11 @@ class rdma_transport {
     /// Set when the peer rejected an rkey (remote_access_error): its buffers
     /// may have changed, so the next submit refreshes the view first.
     std::atomic<bool> stale{false};
+    /// Under seg_mu_: the incarnation of the view the segment was opened
+    /// with.  A refresh that brings another (the peer restarted under the
+    /// same name, its ids counting from 0 again) fails requests by buffer id
+    /// until the segment is closed and opened again.
+    std::optional<std::uint64_t> opened_incarnation;
   };
   /// A request after resolution: where its bytes are on both sides.
   struct resolved_request {

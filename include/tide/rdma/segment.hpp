@@ -82,6 +82,9 @@ struct remote_segment {
   /// Ids are the descriptor's buffers[].id, or the index for a descriptor
   /// without ids (Mooncake's).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> by_id;
+  /// The descriptor's tide_incarnation (absent from Mooncake's): ids in
+  /// by_id name buffers of this incarnation only.
+  std::optional<std::uint64_t> incarnation;
 
   /// Builds the view.  Errors: metadata_malformed (a buffer location that
   /// does not parse, a priority matrix naming no device of devices[]).
