@@ -912,6 +912,33 @@ TEST_CASE("review 1ab3d99 #10: a peer restarted under its name: a WRITE by an ol
   CHECK(p2.ask("CHECK", 0, kLen, 2));
 }
 
+// Review 1ab3d99 #11: every rail map was kept for the engine's life, and
+// with it every peer NIC's entry in the rail table (full at 16384, after
+// which new peers went without rail health).  A map now lives as long as a
+// view of its segment: closed and its tasks freed, its peer NICs are held no
+// more, and a full table may recycle them.
+TEST_CASE("review 1ab3d99 #11: a closed segment's rail map goes with its last view; its peer NICs are held no more") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  auto b = make_engine({devs[1]});
+  constexpr std::size_t kLen = 64 << 10;
+  buffer la(kLen), lb(kLen);
+  REQUIRE(a->register_memory(la.data, kLen));
+  REQUIRE(b->register_memory(lb.data, kLen));
+  auto& rails = a->transport().rails();
+  CHECK(rails.held_peers() == 0);
+  for (int round = 0; round < 3; ++round) {
+    auto seg = a->open_segment(b->segment_name()).value();
+    CHECK(rails.held_peers() == 1);  // b's one NIC, held by the view's map
+    fill(la.data, kLen, static_cast<std::uint64_t>(round));
+    REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen)));
+    CHECK(same(la.data, lb.data, kLen));
+    REQUIRE(a->close_segment(seg));
+    CHECK(rails.held_peers() == 0);  // the batch was freed with its task: no view is left
+  }
+  CHECK(a->transport().rail_maps_kept() == 3);
+}
+
 int main(int argc, char** argv) {
   // A killed peer's pipe must not kill the test.
   ::signal(SIGPIPE, SIG_IGN);

@@ -214,11 +214,12 @@ class rdma_transport {
   [[nodiscard]] plan::transport_stats stats(bool every_rail = false) const;
   /// The rail table (tests, tools).
   [[nodiscard]] plan::rail_table& rails() noexcept { return rails_; }
-  /// Rail maps built so far, current or replaced (tests: a refresh that
-  /// changes no NIC builds none).  Any thread.
+  /// Rail maps built so far (tests: a refresh that changes no NIC builds
+  /// none).  A map lives as long as a view of its segment does (a task
+  /// holding one included), no longer.  Any thread.
   [[nodiscard]] std::size_t rail_maps_kept() const {
     std::shared_lock lock(seg_mu_);
-    return rail_map_store_.size();
+    return rail_maps_built_;
   }
 
  private:
@@ -276,7 +277,8 @@ class rdma_transport {
   void bind_rail(detail::slice& s, const local_buffer& lb, const remote_segment& seg, const remote_buffer& pb,
                  plan::rail r, std::int64_t now_ns) noexcept;
   void dispatch_one(detail::slice& s) noexcept;
-  [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
+  // Builds seg.rails (or takes the slot's current map when no NIC changed).
+  void set_rail_map(const segment_slot& slot, remote_segment& seg, const segment_desc& d);
 
   [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests,
                                        detail::task_group* group);
@@ -335,10 +337,8 @@ class rdma_transport {
   plan::rail_table rails_;
   std::unique_ptr<plan::nic_load[]> loads_;  ///< by device id
   std::optional<plan::path_selector<typename P::path>> paths_;
-  /// By segment id, under seg_mu_.  Rail maps are never freed while the
-  /// transport lives (slices point at them); a replaced one stays in rail_map_store_.
-  std::vector<const plan::rail_map*> rail_maps_;
-  std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
+  /// Under seg_mu_: rail maps built (each segment view owns its map).
+  std::size_t rail_maps_built_ = 0;
 
   /// shutdown() began: on_failed retires instead of retrying.
   std::atomic<bool> stopping_{false};

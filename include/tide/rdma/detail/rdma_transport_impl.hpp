@@ -341,9 +341,11 @@ status rdma_transport<P>::set_segment(segment_id id, const segment_desc& d) {
   if (!seg) return fail(seg.error());
   std::unique_lock lock(seg_mu_);
   while (segments_.size() <= id) segments_.push_back(std::make_unique<segment_slot>());
-  if (!segments_[id]->view) segments_[id]->opened_incarnation = (*seg)->incarnation;  // opened (again)
-  segments_[id]->view = std::move(*seg);
-  return set_rail_map(id, d);
+  segment_slot& slot = *segments_[id];
+  set_rail_map(slot, **seg, d);
+  if (!slot.view) slot.opened_incarnation = (*seg)->incarnation;  // opened (again)
+  slot.view = std::move(*seg);
+  return {};
 }
 
 template <class P>
