@@ -461,9 +461,15 @@ TEST_CASE("after random register/unregister/local_only calls the served descript
       REQUIRE_MESSAGE(served.has_value(), served.error());
       auto opened = tide::decode_segment(*served, key.get());
       REQUIRE_MESSAGE(opened.has_value(), opened.error());
-      // local_segment() builds the descriptor anew from the registered buffers.
+      // local_segment() builds the descriptor anew from the registered
+      // buffers; the publish added its timestamp and marks (the engine's
+      // incarnation, and with a secret its stamp).
+      CHECK(opened->incarnation.has_value());
+      CHECK(opened->stamp.has_value() == sealed);
       tide::segment_desc scratch = e->transport().local_segment();
       scratch.timestamp = opened->timestamp;
+      scratch.incarnation = opened->incarnation;
+      scratch.stamp = opened->stamp;
       CHECK(*opened == scratch);
       const std::string fresh = tide::encode_segment(scratch, key.get()).value();
       if (!sealed) {
