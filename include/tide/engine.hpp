@@ -310,7 +310,10 @@ class transfer_engine {
   /// with transfer_request::in_buffer(op, src, segment, id, offset, len).
   /// Ids count up from 0 per engine in registration order and are never
   /// reused, so an id keeps naming the same buffer (or none) whatever is
-  /// registered or unregistered meanwhile.  Errors: not_registered.
+  /// registered or unregistered meanwhile.  Per engine: one restarted under
+  /// the same segment name counts from 0 again, and peers that see its new
+  /// descriptor fail requests by id (unknown_segment) until they close and
+  /// open the segment again.  Errors: not_registered.
   [[nodiscard]] result<std::uint32_t> buffer_id(const void* addr) const { return transport_->buffer_id(addr); }
   /// All or nothing per buffer; one publish at the end.
   [[nodiscard]] status register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location = "*");

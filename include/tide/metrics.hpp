@@ -21,6 +21,7 @@
 ///   tide_rail_state{local_nic,peer_nic,state}  1 for the rail's current state, 0 for the others:
 ///                                              healthy, paused, probing, or local_nic_down
 ///   tide_rail_failures_total, tide_rail_pauses_total{local_nic,peer_nic}
+///   tide_rails_omitted                         rails left out past inputs::max_rails
 ///   tide_tasks_total{state}                    tasks that turned final, by final state
 ///   tide_task_errors_total{reason}             tasks that did not complete, by errc name
 ///   tide_transfer_latency_seconds{op,size_class}  histogram, submit to final
@@ -50,9 +51,17 @@ struct handshake_client_stats {
   std::uint64_t auth_failed = 0;  ///< the peer refused our proof, or we refused its
 };
 
+/// Most rails format() writes by default (4 + 2 series each).
+inline constexpr std::size_t kMaxRailSeries = 256;
+
 /// Everything metrics::format reads.
 struct inputs {
   rdma::plan::transport_stats transport;  ///< with every rail (stats(true))
+  /// The tide_rail_* families list at most this many rails, so a scrape
+  /// stays bounded however many peers have come and gone: rails not
+  /// healthy first, then those that have failed, then the others, each in
+  /// the transport's order; tide_rails_omitted counts the rest.
+  std::size_t max_rails = kMaxRailSeries;
   /// Per local NIC (transport.nics' order): 1 while its context is active,
   /// 0 once device or port errors disabled it (a link down).  Missing
   /// entries count as active.

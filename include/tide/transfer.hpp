@@ -40,7 +40,10 @@ enum class in_flight : std::uint8_t { reject, drain, cancel };
 ///    buffers[]) and `target_offset` an offset inside that buffer; submit
 ///    rejects `target_offset + length > buffer length` with errc::out_of_bounds,
 ///    and an id the segment does not have (after one forced refresh of its
-///    descriptor) with errc::out_of_bounds too.
+///    descriptor) with errc::out_of_bounds too.  Once a refresh shows that the
+///    owner restarted since the segment was opened (ids count from 0 in every
+///    process), requests by id fail with errc::unknown_segment until the
+///    segment is closed and opened again.
 struct transfer_request {
   static constexpr std::uint32_t kRawAddress = std::numeric_limits<std::uint32_t>::max();
 

@@ -2,9 +2,11 @@
 // engine's counters.  See <tide/metrics.hpp> for the families.
 #include <tide/metrics.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace tide::metrics {
 
@@ -137,12 +139,25 @@ void rails(writer& w, const inputs& in) {
       if (t.nics[i].name == local) return !active(in, i);
     return false;
   };
+  // At most max_rails of them, the ones worth a look first: a scrape must
+  // not grow with every peer NIC ever seen.
+  std::vector<const rdma::plan::rail_stats*> shown;
+  for (int rank = 0; rank < 3 && shown.size() < in.max_rails; ++rank)
+    for (const auto& r : t.rails) {
+      const int of = r.state.phase != rdma::plan::rail_phase::healthy ? 0 : r.state.failures != 0 ? 1 : 2;
+      if (of == rank && shown.size() < in.max_rails) shown.push_back(&r);
+    }
+  std::sort(shown.begin(), shown.end());  // back to the transport's order
+  w.family("tide_rails_omitted", "gauge",
+           "Rails left out of the tide_rail_ families past the cap (healthy rails that never failed go first).");
+  w.sample("tide_rails_omitted", {}, static_cast<std::uint64_t>(t.rails.size() - shown.size()));
   constexpr std::array<rdma::plan::rail_phase, 3> phases = {
       rdma::plan::rail_phase::healthy, rdma::plan::rail_phase::paused, rdma::plan::rail_phase::probing};
   w.family("tide_rail_state", "gauge",
            "1 for the current state of the (local NIC, peer NIC) rail: healthy, paused (failed, cooling down), "
            "probing (one probe slice out) or local_nic_down (its local NIC is disabled).");
-  for (const auto& r : t.rails) {
+  for (const auto* rp : shown) {
+    const auto& r = *rp;
     const bool down = nic_down(r.local);
     for (const auto p : phases)
       w.sample("tide_rail_state", {{"local_nic", r.local}, {"peer_nic", r.peer}, {"state", to_string(p)}},
@@ -151,11 +166,11 @@ void rails(writer& w, const inputs& in) {
              down ? std::uint64_t{1} : std::uint64_t{0});
   }
   w.family("tide_rail_failures_total", "counter", "Slice failures reported against the rail.");
-  for (const auto& r : t.rails)
-    w.sample("tide_rail_failures_total", {{"local_nic", r.local}, {"peer_nic", r.peer}}, r.state.failures);
+  for (const auto* r : shown)
+    w.sample("tide_rail_failures_total", {{"local_nic", r->local}, {"peer_nic", r->peer}}, r->state.failures);
   w.family("tide_rail_pauses_total", "counter", "Times the rail was paused after a failure.");
-  for (const auto& r : t.rails)
-    w.sample("tide_rail_pauses_total", {{"local_nic", r.local}, {"peer_nic", r.peer}}, r.state.pauses);
+  for (const auto* r : shown)
+    w.sample("tide_rail_pauses_total", {{"local_nic", r->local}, {"peer_nic", r->peer}}, r->state.pauses);
 }
 
 void tasks(writer& w, const transfer_meter::snapshot& m) {

@@ -193,6 +193,12 @@ result<std::string> authenticated_round_trip(client_session& s, message_type typ
   auto client_nonce = wire::fresh_nonce();
   if (!client_nonce) return fail(client_nonce.error());
   auto request = wire::encode_auth_request(secret, type, ch->nonce, *client_nonce, opts.identity, body);
+  // The server would drop it at its length field, unread: say why here.
+  if (request.size() + 1 > wire::kMaxAuthRequestFrame)
+    return fail(errc::invalid_argument, "an authenticated " + std::string(to_string(type)) + " request of " +
+                                            std::to_string(request.size() + 1) + " bytes to " + s.where() +
+                                            "; a server with a cluster secret reads at most " +
+                                            std::to_string(wire::kMaxAuthRequestFrame));
   auto reply = s.round_trip(encode_frame(type, request), opts.max_reply, opts.receive_timeout);
   if (!reply) return fail(reply.error());
   if (reply->legacy || reply->type != type)

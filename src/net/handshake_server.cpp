@@ -82,6 +82,8 @@ struct handshake_server::impl {
   result<std::string> handle(message_type type, const std::string& body, const std::string& identity);
   std::optional<std::string> served_segment();
   // The most connections that have not yet authenticated.
+  // Without a secret no connection ever authenticates, so the reserved
+  // slots stay empty (set reserved_authenticated = 0 to open them).
   [[nodiscard]] std::size_t unauthenticated_cap() const noexcept {
     return cfg.max_connections - std::min(cfg.reserved_authenticated, cfg.max_connections / 4);
   }
@@ -202,10 +204,13 @@ class connection : public std::enable_shared_from_this<connection> {
       abort();
       return;
     }
-    if (srv_.cfg.secret && !authenticate(f)) return;
-    // Past authentication (or, without a secret, a complete first frame):
-    // the reserved slots are this connection's to use now.
-    past_authentication();
+    if (srv_.cfg.secret) {
+      if (!authenticate(f)) return;
+      // Past authentication: the reserved slots are this connection's to use
+      // now.  Without a secret a complete first frame proves nothing (anyone
+      // can send a probe and then hold the socket), so it stays counted.
+      past_authentication();
+    }
     const bool inline_reply =
         type_ == message_type::probe || (type_ == message_type::metadata && !srv_.handlers.local_segment);
     if (inline_reply) {
@@ -300,8 +305,10 @@ class connection : public std::enable_shared_from_this<connection> {
         self->drop("writing the challenge failed: " + ec.message());
         return;
       }
-      // The authenticated request follows on this connection, bounded anew.
-      self->dec_ = frame_decoder(self->srv_.cfg.max_frame);
+      // The authenticated request follows on this connection, bounded by
+      // what a real request needs: it is still a stranger's until its MAC
+      // verifies, so a longer one is dropped at its length field, unread.
+      self->dec_ = frame_decoder(std::min(self->srv_.cfg.max_frame, self->srv_.cfg.max_auth_request_frame));
       self->phase_ = phase::reading;
       self->arm_timer();
       self->read_request();
@@ -331,7 +338,10 @@ class connection : public std::enable_shared_from_this<connection> {
     phase_ = phase::lingering;
     error_code ignored;
     sock_.shutdown(tcp::socket::shutdown_send, ignored);
-    arm_timer();
+    // An honest client closes as soon as it has the reply; only a peer
+    // holding a slot waits a timer out, so strangers get a short one.
+    arm_timer(authenticated_ ? srv_.cfg.receive_timeout
+                             : std::min(srv_.cfg.unauthenticated_linger, srv_.cfg.receive_timeout));
     sock_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](const error_code& ec, std::size_t n) {
       if (self->phase_ != phase::lingering) return;
       if (!ec && n > 0) {
@@ -402,8 +412,9 @@ void handshake_server::impl::accept_next() {
     std::erase_if(conns, [](const std::weak_ptr<connection>& w) { return w.expired(); });
     error_code ep_ec;
     const auto ep = sock.remote_endpoint(ep_ec);
-    std::string source = ep_ec ? std::string("?") : ep.address().to_string();
-    std::string peer = ep_ec ? source : format_peer_address(source, ep.port());
+    const std::string address = ep_ec ? std::string("?") : ep.address().to_string();
+    std::string peer = ep_ec ? address : format_peer_address(address, ep.port());
+    std::string source = source_key(address);
     auto refuse = [&](std::atomic<std::uint64_t>* counter, const std::string& why) {
       dropped.fetch_add(1, std::memory_order_relaxed);
       if (counter != nullptr) counter->fetch_add(1, std::memory_order_relaxed);
@@ -622,8 +633,12 @@ result<handshake_server> handshake_server::start(handshake_server_config config,
   if (config.max_connections_per_source == 0)
     return fail(errc::config_invalid, "handshake server max_connections_per_source must be > 0");
   if (config.max_hello_frame == 0) return fail(errc::config_invalid, "handshake server max_hello_frame must be > 0");
+  if (config.max_auth_request_frame == 0)
+    return fail(errc::config_invalid, "handshake server max_auth_request_frame must be > 0");
   if (config.hello_timeout.count() <= 0)
     return fail(errc::config_invalid, "handshake server hello_timeout must be > 0");
+  if (config.unauthenticated_linger.count() <= 0)
+    return fail(errc::config_invalid, "handshake server unauthenticated_linger must be > 0");
   const bool use_range = config.port == 0 && (config.port_range_min != 0 || config.port_range_max != 0);
   if (use_range && (config.port_range_min == 0 || config.port_range_min > config.port_range_max)) {
     return fail(errc::config_invalid, "handshake server port range [" + std::to_string(config.port_range_min) +
@@ -665,6 +680,18 @@ result<handshake_server> handshake_server::start(handshake_server_config config,
   } catch (const std::bad_alloc&) {
     return fail(errc::out_of_memory, "handshake server");
   }
+}
+
+std::string source_key(std::string_view address) {
+  error_code ec;
+  const auto a = asio::ip::make_address(std::string(address), ec);
+  if (ec) return std::string(address);
+  if (a.is_v4()) return a.to_v4().to_string();
+  const auto v6 = a.to_v6();
+  if (v6.is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string();
+  auto bytes = v6.to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), std::uint8_t{0});
+  return asio::ip::address_v6(bytes).to_string() + "/64";
 }
 
 result<std::uint16_t> pick_free_port(std::uint16_t lo, std::uint16_t hi) {

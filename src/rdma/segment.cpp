@@ -1,6 +1,8 @@
 #include <tide/rdma/segment.hpp>
 #include <tide/wire/address.hpp>
 
+#include <tide/rdma/plan/path_selector.hpp>  // rail_map: the member is destroyed here too
+
 #include <algorithm>
 
 namespace tide::rdma {
@@ -16,7 +18,7 @@ device_chooser device_chooser::make(const topology::location& loc, const topolog
   return c;
 }
 
-result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segment_desc& d) {
+result<std::shared_ptr<remote_segment>> remote_segment::resolve(const segment_desc& d) {
   auto seg = std::make_shared<remote_segment>();
   seg->name = d.name;
   seg->server = d.rdma_server_name.value_or(d.name);
@@ -27,6 +29,7 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
       seg->tcp_version = d.tcp_proto_version;
     }
   }
+  seg->incarnation = d.incarnation;
   for (const auto& dev : d.devices) seg->nic_paths.push_back(seg->server + "@" + dev.name);
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> lists;
   for (const auto& [key, e] : d.priority) lists.emplace(key, std::make_pair(e.preferred, e.available));
@@ -77,7 +80,7 @@ result<std::shared_ptr<const remote_segment>> remote_segment::resolve(const segm
                                                 std::to_string(seg->by_id[k - 1].second) + "]");
   std::sort(seg->by_addr.begin(), seg->by_addr.end(),
             [&](std::uint32_t a, std::uint32_t b) { return seg->buffers[a].addr < seg->buffers[b].addr; });
-  return std::shared_ptr<const remote_segment>(std::move(seg));
+  return seg;
 }
 
 int remote_segment::find(std::uint64_t addr, std::uint64_t len) const noexcept {

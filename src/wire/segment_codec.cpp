@@ -6,6 +6,7 @@
 #include "hex.hpp"
 #include "json_util.hpp"
 
+#include <tide/wire/address.hpp>
 #include <tide/wire/seal.hpp>
 
 #include <nlohmann/json.hpp>
@@ -236,6 +237,14 @@ constexpr const char* kMacSections[] = {"header", "devices", "priority_matrix", 
 
 std::string compact(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// 16 hex digits, most significant first: JSON numbers past 2^53 lose digits
+// in some readers (jq, JavaScript), and an incarnation is random.
+std::string incarnation_text(std::uint64_t inc) {
+  std::array<std::uint8_t, 8> raw{};
+  for (int i = 7; i >= 0; --i, inc >>= 8) raw[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(inc & 0xff);
+  return wire::to_hex(raw);
+}
+
 // The name and timestamp the MACs bind, read as the encoder wrote them;
 // fields that are missing or of another type bind as "" (the header MAC then
 // fails, or the field's own check names it).
@@ -308,11 +317,17 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
 
 result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal,
                                    wire::seal_cache* cache) {
-  return encode_segment(d, seal, cache, d.timestamp);
+  return encode_segment(d, seal, cache, std::string_view(d.timestamp));
 }
 
 result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal, wire::seal_cache* cache,
                                    std::string_view timestamp) {
+  return encode_segment(d, seal, cache, publish_marks{timestamp, {}, {}, {}});
+}
+
+result<std::string> encode_segment(const segment_desc& d, const wire::cluster_secret* seal, wire::seal_cache* cache,
+                                   const publish_marks& marks) {
+  const std::string_view timestamp = marks.timestamp;
   json j = json::object();
   j["name"] = d.name;
   j["protocol"] = d.protocol;
@@ -320,6 +335,14 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
   j["tcp_proto_version"] = d.tcp_proto_version;
   j["timestamp"] = timestamp;
   if (d.rdma_server_name) j["rdma_server_name"] = *d.rdma_server_name;
+  // tide's header fields; the header MAC covers them like every top-level field.
+  if (auto inc = marks.incarnation ? marks.incarnation : d.incarnation) j["tide_incarnation"] = incarnation_text(*inc);
+  if (auto stamp = marks.stamp ? marks.stamp : d.stamp) j["tide_stamp"] = *stamp;
+  if (marks.handshake) {
+    j["tide_handshake"] = std::string(*marks.handshake);
+  } else if (d.handshake) {
+    j["tide_handshake"] = *d.handshake;
+  }
   json devices = json::array();
   for (const auto& dev : d.devices) {
     devices.push_back({{"name", dev.name}, {"lid", dev.lid}, {"gid", format_gid(dev.gid)}});
@@ -417,6 +440,24 @@ result<segment_desc> decode_segment(std::string_view text, const wire::cluster_s
     std::string s;
     TIDE_TRY_ASSIGN(s, f.string("rdma_server_name"));
     d.rdma_server_name = std::move(s);
+  }
+  if (f.find("tide_incarnation")) {
+    std::string s;
+    TIDE_TRY_ASSIGN(s, f.string("tide_incarnation"));
+    std::array<std::uint8_t, 8> raw{};
+    if (!wire::from_hex(s, raw)) return malformed("tide_incarnation", "expected 16 hex digits");
+    std::uint64_t inc = 0;
+    for (const auto byte : raw) inc = (inc << 8) | byte;
+    d.incarnation = inc;
+  }
+  if (f.find("tide_stamp")) TIDE_TRY_ASSIGN(d.stamp, f.unsigned_int("tide_stamp", UINT64_MAX));
+  if (f.find("tide_handshake")) {
+    std::string s;
+    TIDE_TRY_ASSIGN(s, f.string("tide_handshake"));
+    auto a = wire::parse_peer_address(s, 0);
+    if (!a || a->port == 0)
+      return malformed("tide_handshake", "expected \"host:port\", got \"" + s.substr(0, 64) + "\"");
+    d.handshake = std::move(s);
   }
   const json* devices = rdma ? nullptr : f.find("devices");
   if (rdma) TIDE_TRY_ASSIGN(devices, f.require("devices"));

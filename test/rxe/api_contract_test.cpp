@@ -363,6 +363,61 @@ TEST_CASE("rpc_meta: a target whose segment name's port is not its handshake por
   REQUIRE(a->free_batch(batch));
 }
 
+// Review 1ab3d99 #9: with a secret the handshake address still came from
+// rpc_meta, which anyone who can write the store can change.  Here a store
+// writer points b's rpc_meta at a closed port after b published it: with
+// the secret a reads b's address from b's MACed descriptor and is not moved.
+TEST_CASE("review 1ab3d99 #9: with a secret, an rpc_meta rewritten by a store writer does not move a's handshakes") {
+  struct http_policies : tide::default_policies {
+    using metadata = tide::policy::http;
+  };
+  auto server = tide::http_metadata_server::start({.host = "127.0.0.1", .port = 0});
+  REQUIRE_MESSAGE(server.has_value(), server.error());
+  const std::string url = "http://127.0.0.1:" + std::to_string(server->port()) + "/metadata";
+  char path[] = "/tmp/tide-rpc-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  std::string bytes(32, '\0');
+  std::mt19937 g(9);
+  for (auto& c : bytes) c = static_cast<char>(g());
+  REQUIRE(::write(fd, bytes.data(), bytes.size()) == 32);
+  ::close(fd);
+  const auto devs = devices_under_test();
+  auto make = [&](const std::string& name, const std::string& device) {
+    tide::engine_config c = config_for(device);
+    c.local_server_name = name;
+    c.metadata = url;
+    c.auth_secret_file = path;
+    auto e = tide::transfer_engine<http_policies>::create(c);
+    REQUIRE_MESSAGE(e.has_value(), e.error());
+    return std::move(*e);
+  };
+  auto b = make("127.0.0.1:9", devs[1]);
+  auto a = make("127.0.0.1", devs[0]);
+  tide::metadata_config mc;
+  mc.connection = url;
+  tide::policy::http store{mc};
+  REQUIRE(store.put_key(tide::rpc_meta_key("", "127.0.0.1:9"), tide::encode_rpc_meta("127.0.0.1", 1)));
+  constexpr std::size_t kSize = 1u << 20;
+  buffer local(kSize, kCanary), remote(kSize, kRemote);
+  REQUIRE(a->register_memory(local.data, kSize, "cpu:0"));
+  REQUIRE(b->register_memory(remote.data, kSize, "cpu:0"));
+  auto seg = a->open_segment("127.0.0.1:9");
+  REQUIRE_MESSAGE(seg, (seg ? "" : seg.error().message()));
+  auto r = transfer_request::in_buffer(transfer_op::write, local.data, *seg, b->buffer_id(remote.data).value(), 0, kSize);
+  auto batch = a->allocate_batch(1).value();
+  REQUIRE(a->submit(batch, {&r, 1}));
+  REQUIRE(a->wait(batch, 60s));
+  auto st = a->status_of(batch, 0).value();
+  MESSAGE("WRITE with rpc_meta pointing at port 1: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason)
+                                                    << ")");
+  CHECK(st.state == transfer_state::completed);
+  CHECK(std::memcmp(remote.data, local.data, kSize) == 0);
+  REQUIRE(a->free_batch(batch));
+  CHECK(a->probe("127.0.0.1:9", 10s));  // the probe goes where the descriptor says too
+  ::unlink(path);
+}
+
 TEST_CASE("after random register/unregister/local_only calls the served descriptor is a from-scratch encode") {
   const auto devs = devices_under_test();
   for (const bool sealed : {false, true}) {
@@ -407,9 +462,15 @@ TEST_CASE("after random register/unregister/local_only calls the served descript
       REQUIRE_MESSAGE(served.has_value(), served.error());
       auto opened = tide::decode_segment(*served, key.get());
       REQUIRE_MESSAGE(opened.has_value(), opened.error());
-      // local_segment() builds the descriptor anew from the registered buffers.
+      // local_segment() builds the descriptor anew from the registered
+      // buffers; the publish added its timestamp and marks (the engine's
+      // incarnation, and with a secret its stamp).
+      CHECK(opened->incarnation.has_value());
+      CHECK(opened->stamp.has_value() == sealed);
       tide::segment_desc scratch = e->transport().local_segment();
       scratch.timestamp = opened->timestamp;
+      scratch.incarnation = opened->incarnation;
+      scratch.stamp = opened->stamp;
       CHECK(*opened == scratch);
       const std::string fresh = tide::encode_segment(scratch, key.get()).value();
       if (!sealed) {

@@ -865,6 +865,80 @@ TEST_CASE("link down during transfers: port event seen, clean failure or failove
   CHECK(same(la.data, lb.data, kSize));
 }
 
+// Review 1ab3d99 #10: buffer ids count from 0 in every process, and a peer
+// restarted on the same handshake port keeps its segment name.  Before the
+// fix, once a refresh showed the new process, a WRITE by the old id landed
+// in the new process's buffer 0.
+TEST_CASE("review 1ab3d99 #10: a peer restarted under its name: a WRITE by an old buffer id fails naming the restart") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  constexpr std::size_t kLen = 64 << 10;
+  buffer la(kLen);
+  REQUIRE(a->register_memory(la.data, kLen, "cpu:0"));
+  const auto port = static_cast<std::uint16_t>(18100 + ::getpid() % 800);
+  std::string name;
+  tide::segment_id seg = 0;
+  {
+    peer_process p1(devs[1], port, kPeerMem);
+    name = p1.segment;
+    seg = a->open_segment(name).value();
+    fill(la.data, kLen, 1);
+    REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen)));
+    REQUIRE(p1.ask("CHECK", 0, kLen, 1));
+    p1.kill();
+  }
+  peer_process p2(devs[1], port, kPeerMem);
+  REQUIRE(p2.segment == name);
+  REQUIRE(p2.ask("FILL", 0, kLen, 7));
+  // The old view's QPs and rkey fail first (that marks the view stale);
+  // the refresh that follows shows another incarnation.
+  fill(la.data, kLen, 2);
+  tide::error last{tide::errc::ok, {}};
+  bool landed = false;
+  for (int i = 0; i < 8 && last.code != tide::errc::unknown_segment && !landed; ++i) {
+    auto r = run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen));
+    if (r) landed = true;
+    else last = r.error();
+    MESSAGE("attempt " << i << ": " << (r ? std::string("completed") : r.error().message()));
+  }
+  CHECK_FALSE(landed);
+  CHECK(last.code == tide::errc::unknown_segment);
+  CHECK(last.detail.find("restarted since segment") != std::string::npos);
+  CHECK(p2.ask("CHECK", 0, kLen, 7));  // its buffer 0 untouched
+  // Reopened: the new process's ids.
+  REQUIRE(a->close_segment(seg));
+  seg = a->open_segment(name).value();
+  REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen)));
+  CHECK(p2.ask("CHECK", 0, kLen, 2));
+}
+
+// Review 1ab3d99 #11: every rail map was kept for the engine's life, and
+// with it every peer NIC's entry in the rail table (full at 16384, after
+// which new peers went without rail health).  A map now lives as long as a
+// view of its segment: closed and its tasks freed, its peer NICs are held no
+// more, and a full table may recycle them.
+TEST_CASE("review 1ab3d99 #11: a closed segment's rail map goes with its last view; its peer NICs are held no more") {
+  const auto devs = devices_under_test();
+  auto a = make_engine({devs[0]});
+  auto b = make_engine({devs[1]});
+  constexpr std::size_t kLen = 64 << 10;
+  buffer la(kLen), lb(kLen);
+  REQUIRE(a->register_memory(la.data, kLen));
+  REQUIRE(b->register_memory(lb.data, kLen));
+  auto& rails = a->transport().rails();
+  CHECK(rails.held_peers() == 0);
+  for (int round = 0; round < 3; ++round) {
+    auto seg = a->open_segment(b->segment_name()).value();
+    CHECK(rails.held_peers() == 1);  // b's one NIC, held by the view's map
+    fill(la.data, kLen, static_cast<std::uint64_t>(round));
+    REQUIRE(run_one(*a, transfer_request::in_buffer(transfer_op::write, la.data, seg, 0, 0, kLen)));
+    CHECK(same(la.data, lb.data, kLen));
+    REQUIRE(a->close_segment(seg));
+    CHECK(rails.held_peers() == 0);  // the batch was freed with its task: no view is left
+  }
+  CHECK(a->transport().rail_maps_kept() == 3);
+}
+
 int main(int argc, char** argv) {
   // A killed peer's pipe must not kill the test.
   ::signal(SIGPIPE, SIG_IGN);

@@ -314,3 +314,79 @@ TEST_CASE("http: a Mooncake peer's rpc_meta gives its handshake address; absent 
   CHECK(tide::detail::handshake_address(b, "c9", "x:1", mu, cache, false)->port == 15001);
   CHECK(decode_rpc_meta(encode_rpc_meta("h", 1)).value() == rpc_meta{"h", 1});
 }
+
+namespace {
+
+std::shared_ptr<const wire::cluster_secret> shared_secret() {
+  return wire::cluster_secret::from_bytes(std::string(32, 's')).value();
+}
+
+segment_desc routed_segment(const std::string& name, std::size_t nbuffers) {
+  segment_desc d;
+  d.name = name;
+  d.devices = {{"rxe0", 0, *parse_gid("00:00:00:00:00:00:00:00:00:00:ff:ff:0a:2f:00:01")}};
+  d.priority = {{"cpu:0", {{"rxe0"}, {}}}};
+  for (std::size_t i = 0; i < nbuffers; ++i) {
+    buffer_desc b{"cpu:0", 0x100000 * (i + 1), 0x10000, {static_cast<std::uint32_t>(i)},
+                  {static_cast<std::uint32_t>(100 + i)}};
+    b.id = static_cast<std::uint32_t>(i);
+    d.buffers.push_back(b);
+  }
+  return d;
+}
+
+}  // namespace
+
+// Review 1ab3d99 #9: with a secret the handshake address still came from the
+// unauthenticated rpc_meta entry, so a store writer without the secret
+// could point every handshake at a black hole or at a relay it runs.
+TEST_CASE("review 1ab3d99 #9: with a secret the handshake address comes from the MACed descriptor, never rpc_meta") {
+  metadata_server_process server;
+  metadata_config c;
+  c.connection = server.url();
+  c.secret = shared_secret();
+  segment_cache<policy::http> publisher{c}, reader{c};
+  publisher.set_handshake_address("10.47.0.2:15358");
+  REQUIRE(publisher.publish(routed_segment("10.47.0.1:12345", 1)));
+  // What the publisher also writes for Mooncake peers, then a store writer's version of it.
+  REQUIRE(publisher.backend().put_key(rpc_meta_key("", "10.47.0.1:12345"), encode_rpc_meta("10.47.0.2", 15358)));
+  REQUIRE(reader.backend().put_key(rpc_meta_key("", "10.47.0.1:12345"), encode_rpc_meta("10.66.6.6", 1)));
+  std::mutex mu;
+  std::map<std::string, net::peer_address, std::less<>> cache;
+  auto a = tide::detail::handshake_address(reader, "", "10.47.0.1:12345", mu, cache, false);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  CHECK(a->host == "10.47.0.2");
+  CHECK(a->port == 15358);
+  // The descriptor's own field altered in the store: its header MAC fails.
+  auto stored = reader.backend().get_segment("10.47.0.1:12345").value();
+  const auto at = stored.find("10.47.0.2:15358");
+  REQUIRE(at != std::string::npos);
+  stored.replace(at, 15, "10.66.6.6:15358");
+  REQUIRE(reader.backend().put_segment("10.47.0.1:12345", stored));
+  auto tampered = tide::detail::handshake_address(reader, "", "10.47.0.1:12345", mu, cache, true);
+  REQUIRE_FALSE(tampered);
+  CHECK(tampered.error().code == errc::metadata_malformed);
+  CHECK(tampered.error().detail.find("mac.header") != std::string::npos);
+  // A sealed descriptor without the field (an older tide): no address, and
+  // no fallback to rpc_meta either.
+  segment_cache<policy::http> old_publisher{c};
+  REQUIRE(old_publisher.publish(routed_segment("10.47.0.5:1", 1)));
+  REQUIRE(reader.backend().put_key(rpc_meta_key("", "10.47.0.5:1"), encode_rpc_meta("10.66.6.6", 1)));
+  auto missing = tide::detail::handshake_address(reader, "", "10.47.0.5:1", mu, cache, false);
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().code == errc::metadata_malformed);
+  CHECK(missing.error().detail.find("tide_handshake: missing") != std::string::npos);
+
+  // Without a secret nothing changes on the wire: rpc_meta as Mooncake
+  // writes and reads it, and no tide_handshake or tide_stamp in the descriptor.
+  metadata_config plain_cfg;
+  plain_cfg.connection = server.url();
+  segment_cache<policy::http> plain{plain_cfg};
+  plain.set_handshake_address("10.47.0.7:15001");
+  const std::string json = plain.publish_json(routed_segment("10.47.0.6:1", 1)).value();
+  CHECK(json.find("tide_handshake") == std::string::npos);
+  CHECK(json.find("tide_stamp") == std::string::npos);
+  REQUIRE(plain.backend().put_key(rpc_meta_key("", "10.47.0.6:1"), encode_rpc_meta("10.47.0.8", 15002)));
+  std::map<std::string, net::peer_address, std::less<>> plain_cache;
+  CHECK(tide::detail::handshake_address(plain, "", "10.47.0.6:1", mu, plain_cache, false)->port == 15002);
+}

@@ -449,3 +449,44 @@ TEST_CASE("engine_config: metrics_port and metrics_bind from JSON and the enviro
   CHECK(engine_config{}.metrics_port == 0);  // off by default
   CHECK(engine_config{}.metrics_bind == "127.0.0.1");
 }
+
+// Review 1ab3d99 #11: metrics_text wrote six lines for every rail ever seen,
+// so a node whose peers come and go grew every scrape without bound.
+TEST_CASE("review 1ab3d99 #11: metrics list at most max_rails rails, the failed ones first, and count the rest") {
+  metrics::inputs in;
+  rdma::plan::nic_stats nic;
+  nic.name = "rxe0";
+  in.transport.nics = {nic};
+  for (int i = 0; i < 1000; ++i) {
+    rdma::plan::rail_stats r;
+    r.local = "rxe0";
+    r.peer = "10.0.0." + std::to_string(i) + ":15001@rxe1";
+    if (i == 700) r.state.phase = rdma::plan::rail_phase::paused;
+    if (i == 700 || i == 900) r.state.failures = 2;
+    in.transport.rails.push_back(r);
+  }
+  in.max_rails = 10;
+  const std::string text = metrics::format(in);
+  const parsed p = parse(text);
+  REQUIRE_MESSAGE(p.error.empty(), p.error);
+  std::set<std::string> peers;
+  for (const auto& s : p.samples)
+    if (s.name.rfind("tide_rail_", 0) == 0) peers.insert(s.labels.at("peer_nic"));
+  CHECK(peers.size() == 10);
+  CHECK(peers.count("10.0.0.700:15001@rxe1") == 1);  // paused
+  CHECK(peers.count("10.0.0.900:15001@rxe1") == 1);  // failed before
+  CHECK(peers.count("10.0.0.0:15001@rxe1") == 1);    // then the others, in order
+  CHECK(peers.count("10.0.0.8:15001@rxe1") == 0);
+  CHECK(find(p, "tide_rails_omitted", {})->value == 990);
+  CHECK(find(p, "tide_rail_state", {{"peer_nic", "10.0.0.700:15001@rxe1"}, {"state", "paused"}})->value == 1);
+  // The default cap: a scrape of 1000 rails stays at kMaxRailSeries of them.
+  in.max_rails = metrics::kMaxRailSeries;
+  const parsed d = parse(metrics::format(in));
+  REQUIRE(d.error.empty());
+  CHECK(find(d, "tide_rails_omitted", {})->value == 1000 - static_cast<double>(metrics::kMaxRailSeries));
+  // Under the cap every rail is listed and nothing is omitted.
+  in.transport.rails.resize(5);
+  const parsed all = parse(metrics::format(in));
+  CHECK(find(all, "tide_rails_omitted", {})->value == 0);
+  CHECK(find(all, "tide_rail_state", {{"peer_nic", "10.0.0.4:15001@rxe1"}, {"state", "healthy"}})->value == 1);
+}

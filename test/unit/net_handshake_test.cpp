@@ -560,3 +560,88 @@ TEST_CASE("ports: a range like Mooncake's, a port in use, bad configurations") {
   bad_range.port_range_max = 15000;
   CHECK(handshake_server::start(bad_range, {}).error().code == errc::config_invalid);
 }
+
+// Review 1ab3d99 #12: the per-source cap counted exact textual addresses (an
+// IPv6 host holds a whole /64, so it had unlimited "sources").
+TEST_CASE("review 1ab3d99 #12: the per-source cap counts an IPv4 address or an IPv6 /64") {
+  CHECK(source_key("10.0.0.1") == "10.0.0.1");
+  CHECK(source_key("10.0.0.2") == "10.0.0.2");
+  CHECK(source_key("2001:db8:0:1::1") == "2001:db8:0:1::/64");
+  CHECK(source_key("2001:db8:0:1:ffff:ffff:ffff:ffff") == "2001:db8:0:1::/64");
+  CHECK(source_key("2001:db8:0:2::1") == "2001:db8:0:2::/64");
+  CHECK(source_key("::1") == "::/64");
+  // A dual-stack listener sees IPv4 peers as mapped addresses: each is its
+  // own source, not all of ::ffff:0:0/64.
+  CHECK(source_key("::ffff:127.0.0.1") == "127.0.0.1");
+  CHECK(source_key("::ffff:127.0.0.2") == "127.0.0.2");
+  CHECK(source_key("?") == "?");
+
+  // On a dual-stack listener, two IPv4 sources are counted apart.
+  auto cfg = loopback(60000ms);
+  cfg.host = "::";
+  cfg.max_connections_per_source = 2;
+  auto srv = handshake_server::start(cfg, {});
+  if (!srv) {
+    MESSAGE("no IPv6 here (" << srv.error().message() << "): the listener part is skipped");
+    return;
+  }
+  std::vector<std::unique_ptr<raw_client>> held;
+  for (const char* from : {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.1"})
+    held.push_back(std::make_unique<raw_client>(srv->port(), from));
+  const auto t0 = clock_type::now();
+  while (srv->stats().accepted < 4 && elapsed_ms(t0) < 10000) std::this_thread::sleep_for(5ms);
+  CHECK(srv->stats().refused_source == 1);  // the third from 127.0.0.1 only
+  check_dropped(*held.back(), 5000ms);
+}
+
+// Review 1ab3d99 #12: without a secret, one complete first frame counted as
+// "authenticated", so a stranger sending probes and holding its sockets
+// took the reserved slots; and every peer lingered receive_timeout.
+TEST_CASE("review 1ab3d99 #12: without a secret a first frame takes no reserved slot, and lingering is short") {
+  auto cfg = loopback(60000ms);
+  cfg.max_connections = 8;  // 2 reserved (a quarter): 6 for connections not authenticated
+  cfg.unauthenticated_linger = 60000ms;  // the holders below stay for the whole case
+  auto srv = handshake_server::start(cfg, {});
+  REQUIRE(srv.has_value());
+  const std::string probe_frame = encode_frame(message_type::probe, "{}\n");
+  std::vector<std::unique_ptr<raw_client>> held;
+  for (int i = 0; i < 6; ++i) {
+    held.push_back(std::make_unique<raw_client>(srv->port()));
+    CHECK(held.back()->send(probe_frame));
+  }
+  auto t0 = clock_type::now();
+  while (srv->stats().served < 6 && elapsed_ms(t0) < 10000) std::this_thread::sleep_for(5ms);
+  REQUIRE(srv->stats().served == 6);  // six replies out; their sockets held open
+  // The reserved two are not theirs: the next two are refused at accept.
+  raw_client seventh{srv->port()}, eighth{srv->port()};
+  t0 = clock_type::now();
+  while (srv->stats().accepted < 8 && elapsed_ms(t0) < 10000) std::this_thread::sleep_for(5ms);
+  CHECK(srv->stats().refused_unauthenticated == 2);
+  check_dropped(seventh, 5000ms);
+  check_dropped(eighth, 5000ms);
+
+  // The default linger: a peer that takes its reply and holds the socket
+  // gives its slot back long before receive_timeout (60 s here).  One slot:
+  // the next probe is answered only once the holder has been closed.
+  auto short_cfg = loopback(60000ms);
+  short_cfg.max_connections = 1;
+  auto srv2 = handshake_server::start(short_cfg, {});
+  REQUIRE(srv2.has_value());
+  raw_client holder{srv2->port()};
+  REQUIRE(holder.send(probe_frame));
+  const auto r = holder.read_until_eof(30000ms);  // the server half-closes after its reply
+  CHECK(r.data.find("success") != std::string::npos);
+  const auto t1 = clock_type::now();
+  bool answered = false;
+  while (!answered && elapsed_ms(t1) < 30000) {
+    answered = probe("127.0.0.1", srv2->port()).has_value();
+    if (!answered) std::this_thread::sleep_for(50ms);
+  }
+  CHECK(answered);
+  CHECK_FALSE(handshake_server::start([] {
+                auto c = loopback();
+                c.unauthenticated_linger = 0ms;
+                return c;
+              }(), {})
+                  .has_value());
+}

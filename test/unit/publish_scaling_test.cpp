@@ -128,11 +128,16 @@ TEST_CASE("after random register/unregister/local_only publishes, the stored des
       auto stored = store.get_segment(model.name);
       REQUIRE(stored.has_value());
       REQUIRE(*stored == *published);
-      // A from-scratch encode of the same buffers, with the publish's timestamp.
+      // A from-scratch encode of the same buffers, with the publish's
+      // timestamp and marks (the writer's incarnation; with a secret its stamp).
       auto opened = decode_segment(*stored, key.get());
       REQUIRE_MESSAGE(opened.has_value(), opened.error());
+      CHECK(opened->incarnation == writer.incarnation());
+      CHECK(opened->stamp.has_value() == sealed);
       segment_desc scratch = model;
       scratch.timestamp = opened->timestamp;
+      scratch.incarnation = opened->incarnation;
+      scratch.stamp = opened->stamp;
       CHECK(*opened == scratch);
       const std::string fresh = encode_segment(scratch, key.get()).value();
       if (sealed)

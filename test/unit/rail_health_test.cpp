@@ -2,11 +2,14 @@
 // pause, doubling cooldown up to the bound, one probe per window, restore on
 // success, one outage counted once, and the table shared by threads.
 
+#include <tide/rdma/plan/path_selector.hpp>
 #include <tide/rdma/plan/rail_health.hpp>
 
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -144,4 +147,85 @@ TEST_CASE("rail_table: peer ids by name, rails independent, shared by threads") 
   rail_state& first = u.at(3, p);
   for (int i = 0; i < 500; ++i) (void)u.peer_id("peer@" + std::to_string(i));
   CHECK(&first == &u.at(3, p));
+}
+
+// Review 1ab3d99 #11: the rail table never shrank and returned kNoPeer past
+// 16384 peer NICs, so a long-lived node whose peers restart on new ports
+// lost rail health for every new peer, silently.
+TEST_CASE("review 1ab3d99 #11: a full rail table recycles the peer NIC nobody has held for longest") {
+  rail_table t(cfg100(), 4);
+  CHECK(t.capacity() == 4);
+  std::vector<std::uint32_t> id;
+  for (int i = 0; i < 4; ++i) id.push_back(t.peer_id("p" + std::to_string(i)));
+  CHECK(t.fail(0, id[0], 0));
+  CHECK(t.fail(0, id[3], 0));
+  // Every id held (open segments use them): no room, and said so once.
+  CHECK(t.peer_id("p4") == rail_table::kNoPeer);
+  CHECK(t.peer_id("p5") == rail_table::kNoPeer);
+  // p1 let go first, then p0: p1's id goes first, then p0's, each reset.
+  t.release(id[1]);
+  t.release(id[0]);
+  const auto p4 = t.peer_id("p4");
+  REQUIRE(p4 == id[1]);
+  const auto p5 = t.peer_id("p5");
+  REQUIRE(p5 == id[0]);
+  CHECK(t.at(0, p5).snapshot().failures == 0);
+  CHECK(t.healthy(0, p5));
+  CHECK(t.recycled_peers() == 2);
+  CHECK(t.peer_names() == std::vector<std::string>{"p5", "p4", "p2", "p3"});
+  CHECK(t.peer_id("p0") == rail_table::kNoPeer);  // its id is p5's now; every id held again
+  // An idle id taken back by its own NIC keeps its rails (nothing recycled).
+  t.release(id[3]);
+  CHECK(t.peer_id("p3") == id[3]);
+  CHECK(t.at(0, id[3]).snapshot().failures == 1);
+  CHECK(t.held_peers() == 4);
+
+  // Through rail maps: a map holds its peer NICs while it lives.
+  rail_table u(cfg100(), 2);
+  const std::vector<gid_raw> one_local(1), two_peers(2);
+  const std::vector<std::string> first{"a@rxe0", "a@rxe1"}, second{"b@rxe0", "b@rxe1"};
+  std::optional<rail_map> m = rail_map::build(u, one_local, first, two_peers);
+  CHECK(u.held_peers() == 2);
+  {
+    const rail_map full = rail_map::build(u, one_local, second, two_peers);
+    CHECK(full.peer_ids == std::vector<std::uint32_t>{rail_table::kNoPeer, rail_table::kNoPeer});
+  }
+  m.reset();  // the segment closed, its tasks freed: the map goes
+  CHECK(u.held_peers() == 0);
+  const rail_map next = rail_map::build(u, one_local, second, two_peers);
+  CHECK(next.peer_ids == std::vector<std::uint32_t>{0, 1});
+  CHECK(u.peer_names() == std::vector<std::string>{"b@rxe0", "b@rxe1"});
+}
+
+// The recycling under threads (run under TSan by tools/sanitize): maps made
+// and dropped on several threads over a table far smaller than the peer NICs
+// they name.  While a map lives, each id it holds keeps the name it asked
+// for: an id is recycled only once nobody holds it.
+TEST_CASE("review 1ab3d99 #11: rail maps made and dropped on several threads never see their ids recycled") {
+  rail_table t(cfg100(), 16);
+  std::atomic<int> wrong{0}, without{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      const std::vector<gid_raw> one_local(1), two_peers(2);
+      for (int i = 0; i < 300; ++i) {
+        const std::vector<std::string> paths{"s" + std::to_string((w * 7 + i) % 40) + "@rxe0",
+                                             "s" + std::to_string((w * 7 + i) % 40) + "@rxe1"};
+        const rail_map m = rail_map::build(t, one_local, paths, two_peers);
+        for (std::size_t k = 0; k < paths.size(); ++k) {
+          if (m.peer_ids[k] == rail_table::kNoPeer) {
+            ++without;
+            continue;
+          }
+          (void)t.fail(0, m.peer_ids[k], i);
+          (void)t.succeed(0, m.peer_ids[k]);
+          if (t.peer_names().at(m.peer_ids[k]) != paths[k]) ++wrong;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+  CHECK(t.held_peers() == 0);
+  CHECK(t.recycled_peers() > 0);
+  MESSAGE(t.recycled_peers() << " ids recycled, " << without.load() << " peer NICs went without rail health");
 }

@@ -176,6 +176,9 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   mc.secret = im->secret;
   mc.identity = e->name_;
   e->cache_ = std::make_unique<segment_cache<metadata_backend_type>>(mc);
+  // With a secret, peers read our handshake address from the MACed descriptor, not rpc_meta.
+  if constexpr (metadata_key_store<metadata_backend_type>)
+    e->cache_->set_handshake_address(net::format_peer_address(host->host, im->server->port()));
 
   net::request_options ro;
   ro.connect_timeout = e->cfg_.handshake_connect_timeout;
@@ -187,7 +190,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   // address with etcd/http), as send_notify, but read afresh once when the
   // peer may have moved.
   im->outbox.emplace([ro, self, im](const std::string& segment, const notify_desc& n) -> status {
-    auto& backend = self->cache_->backend();
+    auto& backend = *self->cache_;  // rpc_meta, or with a secret the MACed descriptor
     auto addr = detail::handshake_address(backend, self->cfg_.cluster_id, segment, im->rpc_mu, im->rpc_addr, false);
     if (!addr) return fail(addr.error());
     auto r = net::send_notify(addr->host, addr->port, n, ro);
@@ -202,7 +205,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
                                                                      const handshake_desc& d) -> result<handshake_desc> {
     auto path = net::split_nic_path(peer_nic_path);
     if (!path) return fail(path.error());
-    auto& backend = self->cache_->backend();
+    auto& backend = *self->cache_;  // rpc_meta, or with a secret the MACed descriptor
     auto addr = detail::handshake_address(backend, self->cfg_.cluster_id, path->server, im->rpc_mu, im->rpc_addr, false);
     if (!addr) return fail(addr.error());
     auto r = net::exchange_handshake(addr->host, addr->port, d, ro);
@@ -512,8 +515,7 @@ notify_outbox_stats transfer_engine<P>::outbox_stats() const noexcept {
 template <class P>
 status transfer_engine<P>::probe(std::string_view segment, std::chrono::milliseconds timeout) {
   // A name without a port means Mooncake's default handshake port (12001), as its send_probe.
-  auto addr = detail::handshake_address(cache_->backend(), cfg_.cluster_id, segment, impl_->rpc_mu, impl_->rpc_addr,
-                                        false);
+  auto addr = detail::handshake_address(*cache_, cfg_.cluster_id, segment, impl_->rpc_mu, impl_->rpc_addr, false);
   if (!addr) return fail(errc::invalid_argument, "probe: " + addr.error().message());
   net::request_options ro;
   ro.connect_timeout = std::min(timeout, cfg_.handshake_connect_timeout);

@@ -4,10 +4,17 @@
 /// rpc_meta/<server name> as {"ip_or_host_name":...,"rpc_port":...}; their
 /// segment name's port (if any) is not the handshake port.
 ///
+/// With a cluster secret rpc_meta is not read: anyone who can write the
+/// store can write it, and an address there would send our handshakes to a
+/// black hole or through a relay.  The address then comes from the peer's
+/// descriptor ("tide_handshake"), which its header MAC binds and whose stamp
+/// the segment cache checks against replays.
+///
 /// Threads: any; the cache is guarded by the caller's mutex.
 
 #include <tide/metadata/backend.hpp>
 #include <tide/metadata/descriptors.hpp>
+#include <tide/metadata/segment_cache.hpp>
 #include <tide/net/address.hpp>
 #include <tide/result.hpp>
 
@@ -45,6 +52,31 @@ result<net::peer_address> handshake_address(Backend& backend, std::string_view c
     if (value.error().code != errc::segment_not_found) return fail(value.error());
   }
   return net::parse_peer_address(server);
+}
+
+/// As above, over the engine's segment cache: with a secret (etcd/http
+/// mode) the address is the "tide_handshake" of `server`'s descriptor (the
+/// open one unless `fresh`, else read from the store and checked), never
+/// rpc_meta; without one, rpc_meta as above.  Errors (with a secret): the
+/// descriptor's (segment_not_found, metadata_malformed, ...), and
+/// metadata_malformed when it has no tide_handshake.
+template <class Backend>
+result<net::peer_address> handshake_address(segment_cache<Backend>& segments, std::string_view cluster_id,
+                                            std::string_view server, std::mutex& mu,
+                                            std::map<std::string, net::peer_address, std::less<>>& cache, bool fresh) {
+  if constexpr (metadata_key_store<Backend>) {
+    if (segments.sealed()) {
+      auto d = segments.descriptor_of(server, fresh);
+      if (!d)
+        return fail(d.error().code, "the handshake address of " + std::string(server) + ": " + d.error().detail);
+      if (!(*d)->handshake)
+        return fail(errc::metadata_malformed,
+                    "segment " + std::string(server) + ": tide_handshake: missing; with a cluster secret the "
+                    "handshake address is read only from the authenticated descriptor (published by an older tide?)");
+      return net::parse_peer_address(*(*d)->handshake, 0);
+    }
+  }
+  return handshake_address(segments.backend(), cluster_id, server, mu, cache, fresh);
 }
 }  // namespace detail
 

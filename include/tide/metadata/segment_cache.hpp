@@ -29,15 +29,29 @@
 /// keys (wire/seal.hpp) and fetches open them; a fetched descriptor that is
 /// unsealed, fails to open, or names another segment than the one asked for
 /// is errc::metadata_malformed naming the field.
+///
+/// Incarnation and replay: every publish writes this cache's incarnation
+/// (random, drawn at construction: buffer ids are unique per incarnation).
+/// With a secret it also writes a stamp (UTC microseconds, strictly
+/// increasing here) and the handshake address set by
+/// set_handshake_address(), all bound by the header MAC; a fetch of a name
+/// refuses a descriptor whose stamp is older than the newest this cache has
+/// read for that name (a store writer replaying an earlier publish), as
+/// metadata_malformed naming "tide_stamp".  A publisher whose clock is set
+/// back across a restart is refused by readers that saw its old stamps
+/// until its clock passes them.
 
 #include <tide/metadata/backend.hpp>
 #include <tide/wire/descriptors.hpp>
 #include <tide/wire/seal.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -62,12 +76,26 @@ class segment_cache {
   using backend_type = Backend;
 
   /// Constructs the backend from `config`; no I/O.
-  explicit segment_cache(const metadata_config& config) : backend_(config), seal_(config.secret) {}
+  explicit segment_cache(const metadata_config& config)
+      : backend_(config), seal_(config.secret), incarnation_(draw_incarnation()) {}
   segment_cache(const segment_cache&) = delete;
   segment_cache& operator=(const segment_cache&) = delete;
 
   /// The backend, for calls the cache does not wrap.
   [[nodiscard]] Backend& backend() noexcept { return backend_; }
+
+  /// Whether descriptors are sealed and authenticated (config.secret set).
+  [[nodiscard]] bool sealed() const noexcept { return seal_ != nullptr; }
+  /// This publisher's incarnation, written into every publish.
+  [[nodiscard]] std::uint64_t incarnation() const noexcept { return incarnation_; }
+  /// Where this publisher's handshake port is ("host:port"), written into
+  /// every publish with a secret: readers with the secret take it from the
+  /// MACed descriptor rather than from the unauthenticated rpc_meta entry.
+  /// Call before the first publish.
+  void set_handshake_address(std::string host_port) {
+    std::lock_guard lock(publish_mu_);
+    handshake_ = std::move(host_port);
+  }
 
   /// Validates `local`, stamps the current time, encodes it and stores it
   /// under local.name.  Errors: errc::metadata_malformed (naming the field),
@@ -85,11 +113,20 @@ class segment_cache {
     if (auto ok = validate_segment(local); !ok) return fail(ok.error());
     // Stamped in the encode, not in a copy: a copy of the descriptor would
     // cost an allocation per buffer on every publish.
-    const std::string stamp = current_timestamp();
+    const std::string timestamp = current_timestamp();
     result<std::string> json;
     {
       std::lock_guard lock(publish_mu_);  // the entry cache is one encoder's
-      json = encode_segment(local, seal_.get(), &entries_, stamp);
+      publish_marks marks{timestamp, incarnation_, {}, {}};
+      if (seal_) {
+        const auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+        last_stamp_ = std::max(static_cast<std::uint64_t>(std::max<std::int64_t>(now, 0)), last_stamp_ + 1);
+        marks.stamp = last_stamp_;
+        if (!handshake_.empty()) marks.handshake = handshake_;
+      }
+      json = encode_segment(local, seal_.get(), &entries_, marks);
     }
     if (!json) return fail(json.error());
     if (auto put = backend_.put_segment(local.name, *json); !put) return fail(put.error());
@@ -169,8 +206,20 @@ class segment_cache {
     std::unique_lock lock{mu_};
     auto e = open_.find(id);
     if (e == open_.end()) return fail(errc::unknown_segment, "segment id " + std::to_string(id) + " was closed");
+    // Two refreshes racing: the newer publish stays (stamps exist with a secret).
+    if (e->second.desc->stamp && (*desc)->stamp && *e->second.desc->stamp > *(*desc)->stamp) return e->second.desc;
     e->second.desc = *desc;
     return std::move(*desc);
+  }
+
+  /// The descriptor of `name`: the open one (no I/O) unless `fresh` or it
+  /// is not open, else fetched from the store (with a secret: sealed, MACed
+  /// and stamp-checked as open() does) without changing what is open.
+  /// Errors: open()'s.
+  [[nodiscard]] result<std::shared_ptr<const segment_desc>> descriptor_of(std::string_view name, bool fresh) {
+    if (!fresh)
+      if (auto d = cached(name)) return d;
+    return fetch(name);
   }
 
   /// The buffer of segment `id` that holds all of [addr, addr + length).  A
@@ -223,14 +272,50 @@ class segment_cache {
     if (seal_ && desc->name != name)
       return fail(errc::metadata_malformed, "segment " + std::string(name) + ": name: the descriptor is \"" +
                                                 desc->name + "\"'s");
+    if (seal_)
+      if (auto ok = accept_stamp(name, *desc); !ok) return fail(ok.error());
     return std::make_shared<const segment_desc>(std::move(*desc));
+  }
+
+  // With a secret: a descriptor older than the newest read for `name` is a
+  // replay of an earlier publish (its MACs verify: the publisher wrote it).
+  // One without a stamp after one with is refused too (a downgrade).
+  status accept_stamp(std::string_view name, const segment_desc& d) {
+    std::lock_guard lock(stamps_mu_);
+    auto it = stamps_.find(name);
+    const std::uint64_t seen = it != stamps_.end() ? it->second : 0;
+    if (d.stamp ? *d.stamp < seen : seen != 0)
+      return fail(errc::metadata_malformed,
+                  "segment " + std::string(name) + ": tide_stamp: " + (d.stamp ? std::to_string(*d.stamp) : "missing") +
+                      ", older than the descriptor already read (" + std::to_string(seen) +
+                      "): a replay of an earlier publish, refused");
+    if (d.stamp && *d.stamp > seen) {
+      if (it != stamps_.end()) {
+        it->second = *d.stamp;
+      } else {
+        stamps_.emplace(std::string(name), *d.stamp);
+      }
+    }
+    return {};
+  }
+
+  static std::uint64_t draw_incarnation() {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd();
   }
 
   mutable std::shared_mutex mu_;
   Backend backend_;
   std::shared_ptr<const wire::cluster_secret> seal_;
+  const std::uint64_t incarnation_;
   std::mutex publish_mu_;
   wire::seal_cache entries_;  ///< under publish_mu_
+  std::string handshake_;     ///< under publish_mu_
+  std::uint64_t last_stamp_ = 0;  ///< under publish_mu_
+  std::mutex stamps_mu_;
+  /// Newest stamp read per name (with a secret), kept after close: a replay
+  /// must not pass once the segment is reopened.  One entry per name read.
+  std::map<std::string, std::uint64_t, std::less<>> stamps_;
   std::map<std::string, segment_id, std::less<>> ids_;  // every name ever opened
   std::unordered_map<segment_id, entry> open_;
   segment_id next_id_ = 1;

@@ -20,6 +20,8 @@
 /// reply's MAC does not verify, or it refused ours; without, the peer
 /// requires a secret.  (wire/auth.hpp describes the exchange.)
 /// errc::canceled: opts.abort was set while the request was under way.
+/// errc::invalid_argument: with opts.secret, a request too large for a
+/// server to read before authentication (wire::kMaxAuthRequestFrame).
 
 #include <tide/wire/descriptors.hpp>
 #include <tide/net/frame.hpp>

@@ -24,10 +24,11 @@
 /// holds no thread); callbacks run on `handler_threads` worker threads, so a
 /// slow callback delays neither I/O nor probes, and callbacks may run
 /// concurrently with each other.  Memory: at most max_connections connections,
-/// each buffering at most max_frame bytes of request (max_hello_frame before
-/// the hello, with a secret).  Admission: at most max_connections_per_source
-/// per source address, and slots reserved for connections past
-/// authentication (reserved_authenticated).
+/// each buffering at most max_frame bytes of request (with a secret:
+/// max_hello_frame for the hello, max_auth_request_frame for the request).
+/// Admission: at most max_connections_per_source per source (an IPv4
+/// address, or an IPv6 /64: source_key), and, with a secret, slots
+/// reserved for connections past authentication (reserved_authenticated).
 ///
 /// Authentication: with config.secret set, every exchange must follow the
 /// hello / challenge / request / reply sequence of wire/auth.hpp; anything
@@ -71,22 +72,35 @@ struct handshake_server_config {
   std::chrono::milliseconds receive_timeout{5000};
   /// Connections served at once; more are closed on accept with a warning.
   std::size_t max_connections = 256;
-  /// Connections open at once from one source address; more are closed on
-  /// accept.  One node's engines share an address, so this is per node: a
-  /// few handshake threads per NIC and process, far below the default.
+  /// Connections open at once from one source; more are closed on accept.
+  /// A source is an IPv4 address or an IPv6 /64 (one host may hold a whole
+  /// /64; an IPv4-mapped address counts as IPv4): source_key().  One node's
+  /// engines share an address, so this is per node: a few handshake threads
+  /// per NIC and process, far below the default.
   std::size_t max_connections_per_source = 64;
   /// Of max_connections, the slots (at most a quarter of them) that only a
   /// connection past authentication holds: connections that have not yet
-  /// sent a verified request (with a secret) or a complete first frame
-  /// (without one) take at most max_connections minus these, so strangers
-  /// holding sockets open cannot take the slots of exchanges under way.
+  /// sent a verified request take at most max_connections minus these, so
+  /// strangers holding sockets open cannot take the slots of exchanges under
+  /// way.  Without a secret nothing is authenticated, so these slots go
+  /// unused (set 0 to open every slot to everyone).
   std::size_t reserved_authenticated = 64;
+  /// How long a connection that never authenticated (every connection
+  /// without a secret; a refused one with a secret) may keep its socket
+  /// open after the reply, waiting for the client's close: a client takes
+  /// a reply and closes at once, so only a peer holding a slot waits this
+  /// out.  Authenticated connections wait up to receive_timeout.
+  std::chrono::milliseconds unauthenticated_linger{1000};
   /// With a secret, the hello (the first frame, before anything is proven):
   /// at most max_hello_frame bytes, complete within hello_timeout of accept.
-  /// A hello is 32 bytes; the request after the challenge is bounded by
-  /// max_frame and receive_timeout as before.
+  /// A hello is 32 bytes.
   std::size_t max_hello_frame = 4096;
   std::chrono::milliseconds hello_timeout{1000};
+  /// With a secret, the request after the challenge (still unproven until
+  /// its MAC is checked): at most this many bytes (and max_frame), complete
+  /// within receive_timeout; a longer one is dropped at its length field,
+  /// unread.  Decoded without a DOM before its MAC is checked.
+  std::size_t max_auth_request_frame = wire::kMaxAuthRequestFrame;
   /// Worker threads for on_connect / on_notify / local_segment.
   unsigned handler_threads = 2;
   /// The cluster secret; null = Mooncake's unauthenticated wire.
@@ -155,6 +169,12 @@ class handshake_server {
   explicit handshake_server(std::unique_ptr<impl> p) noexcept;
   std::unique_ptr<impl> impl_;
 };
+
+/// The key the per-source cap counts `address` (an IP literal as Asio
+/// writes it) under: an IPv4 address as it is ("10.0.0.1"), an
+/// IPv4-mapped IPv6 address as its IPv4 address, any other IPv6 address as
+/// its /64 ("2001:db8:0:1::/64"); text that is no address, as given.
+[[nodiscard]] std::string source_key(std::string_view address);
 
 /// A port in [lo, hi] that was free when probed (random order; bound and
 /// released, so another process may take it before you do: prefer the

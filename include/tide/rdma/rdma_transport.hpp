@@ -245,11 +245,12 @@ class rdma_transport {
   [[nodiscard]] plan::transport_stats stats(bool every_rail = false) const;
   /// The rail table (tests, tools).
   [[nodiscard]] plan::rail_table& rails() noexcept { return rails_; }
-  /// Rail maps built so far, current or replaced (tests: a refresh that
-  /// changes no NIC builds none).  Any thread.
+  /// Rail maps built so far (tests: a refresh that changes no NIC builds
+  /// none).  A map lives as long as a view of its segment does (a task
+  /// holding one included), no longer.  Any thread.
   [[nodiscard]] std::size_t rail_maps_kept() const {
     std::shared_lock lock(seg_mu_);
-    return rail_map_store_.size();
+    return rail_maps_built_;
   }
 
  private:
@@ -263,6 +264,11 @@ class rdma_transport {
     /// Set when the peer rejected an rkey (remote_access_error): its buffers
     /// may have changed, so the next submit refreshes the view first.
     std::atomic<bool> stale{false};
+    /// Under seg_mu_: the incarnation of the view the segment was opened
+    /// with.  A refresh that brings another (the peer restarted under the
+    /// same name, its ids counting from 0 again) fails requests by buffer id
+    /// until the segment is closed and opened again.
+    std::optional<std::uint64_t> opened_incarnation;
   };
   /// A request after resolution: where its bytes are on both sides.
   struct resolved_request {
@@ -312,7 +318,8 @@ class rdma_transport {
   [[nodiscard]] bool carrier_only(const remote_segment& seg) const noexcept {
     return contexts_.empty() || seg.nic_paths.empty();
   }
-  [[nodiscard]] status set_rail_map(segment_id id, const segment_desc& d);
+  // Builds seg.rails (or takes the slot's current map when no NIC changed).
+  void set_rail_map(const segment_slot& slot, remote_segment& seg, const segment_desc& d);
 
   [[nodiscard]] status submit_or_throw(batch_id id, std::span<const transfer_request> requests,
                                        detail::task_group* group);
@@ -373,10 +380,8 @@ class rdma_transport {
   plan::rail_table rails_;
   std::unique_ptr<plan::nic_load[]> loads_;  ///< by device id
   std::optional<plan::path_selector<typename P::path>> paths_;
-  /// By segment id, under seg_mu_.  Rail maps are never freed while the
-  /// transport lives (slices point at them); a replaced one stays in rail_map_store_.
-  std::vector<const plan::rail_map*> rail_maps_;
-  std::vector<std::unique_ptr<const plan::rail_map>> rail_map_store_;
+  /// Under seg_mu_: rail maps built (each segment view owns its map).
+  std::size_t rail_maps_built_ = 0;
 
   /// shutdown() began: on_failed retires instead of retrying.
   std::atomic<bool> stopping_{false};

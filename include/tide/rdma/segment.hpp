@@ -20,6 +20,10 @@
 
 namespace tide::rdma {
 
+namespace plan {
+struct rail_map;
+}
+
 /// Chooses a NIC for byte `offset` of a buffer: the matrix entries of its
 /// location (one per `segments:` node, else one).
 struct device_chooser {
@@ -87,10 +91,18 @@ struct remote_segment {
   std::string tcp_host;
   std::uint16_t tcp_port = 0;
   std::uint32_t tcp_version = 1;
+  /// The descriptor's tide_incarnation (absent from Mooncake's): ids in
+  /// by_id name buffers of this incarnation only.
+  std::optional<std::uint64_t> incarnation;
+  /// How these NICs pair with the local ones (set by the transport before
+  /// the view is shared).  Owned by the views that use it, so it lives as
+  /// long as a task holding the view (its slices point at it), and no longer:
+  /// its peer ids in the rail table are then given back.
+  std::shared_ptr<const plan::rail_map> rails;
 
   /// Builds the view.  Errors: metadata_malformed (a buffer location that
   /// does not parse, a priority matrix naming no device of devices[]).
-  [[nodiscard]] static result<std::shared_ptr<const remote_segment>> resolve(const segment_desc& d);
+  [[nodiscard]] static result<std::shared_ptr<remote_segment>> resolve(const segment_desc& d);
 
   /// Index of the buffer that holds [addr, addr+len), or -1.  O(log n).
   [[nodiscard]] int find(std::uint64_t addr, std::uint64_t len) const noexcept;

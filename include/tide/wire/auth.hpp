@@ -65,6 +65,15 @@ inline constexpr std::size_t kMaxSecretBytes = 4096;
 inline constexpr std::size_t kAuthNonceBytes = 16;
 inline constexpr std::size_t kMacBytes = 32;
 
+/// The largest frame (type byte + body) a server with a secret reads after
+/// its challenge, before anything is proven; a longer one is dropped at its
+/// length field, unread.  Real requests are far smaller: a connect with 255
+/// QPs is about 6 KiB, and a notify of notification::kMaxBytes (4 KiB of
+/// name and message) stays under 30 KiB even when every byte is a control
+/// character, escaped once in the notify and again in the request.  A client
+/// refuses to send a larger one (errc::invalid_argument).
+inline constexpr std::size_t kMaxAuthRequestFrame = std::size_t{64} << 10;
+
 using auth_nonce = std::array<std::uint8_t, kAuthNonceBytes>;
 using key256 = std::array<std::uint8_t, 32>;
 
@@ -129,8 +138,12 @@ struct auth_message {
 /// Whether `body` may be a tide_auth message: a JSON object with a
 /// "tide_auth" key somewhere (O(size); decode_auth_message decides).
 [[nodiscard]] bool is_auth_message(std::string_view body) noexcept;
-/// Parses any of the messages above.  Errors: errc::auth_failed naming the
-/// field (never echoing a MAC).
+/// Parses any of the messages above without building a DOM: an auth
+/// message is one flat object of strings and numbers, and the first nested
+/// value ends the parse (so a request from a stranger costs at most one
+/// pass over its bytes).  Errors: errc::auth_failed naming the field (never
+/// echoing a MAC): a nested value, a duplicate key, a missing or mistyped
+/// field.
 [[nodiscard]] result<auth_message> decode_auth_message(std::string_view body);
 
 /// Constant-time check of `m.mac` (CRYPTO_memcmp) against the MAC of

@@ -121,7 +121,33 @@ struct segment_desc {
   std::uint16_t tcp_data_port = 0;
   std::uint32_t tcp_proto_version = 1;
   std::optional<std::string> rdma_server_name;  ///< peers build NIC paths from it when set
+  /// tide's extension (JSON "tide_incarnation", 16 hex digits): drawn at
+  /// random when the publishing engine is created.  Buffer ids are unique
+  /// within one incarnation only (they start again at 0 when the process
+  /// restarts under the same segment name), so a reader holding ids from
+  /// one incarnation must not use them against another.  Absent in
+  /// Mooncake's descriptors.
+  std::optional<std::uint64_t> incarnation;
+  /// tide's extension, written with a cluster secret only (bound by the
+  /// header MAC, so a store writer without the secret can change neither):
+  /// "tide_stamp", microseconds of UTC when published, strictly increasing
+  /// per publisher, so a reader can refuse an older descriptor than one it
+  /// has seen (a replay); and "tide_handshake", the publisher's handshake
+  /// address ("host:port"), which readers with the secret use instead of
+  /// the unauthenticated rpc_meta entry.
+  std::optional<std::uint64_t> stamp;
+  std::optional<std::string> handshake;
   friend bool operator==(const segment_desc&, const segment_desc&) = default;
+};
+
+/// What a publish adds to a descriptor without copying it (segment_cache
+/// stamps every publish): each field set here is written in place of the
+/// descriptor's own.
+struct publish_marks {
+  std::string_view timestamp;
+  std::optional<std::uint64_t> incarnation;
+  std::optional<std::uint64_t> stamp;
+  std::optional<std::string_view> handshake;
 };
 
 /// The Connection (type 0) message; request and reply alike.
@@ -208,10 +234,14 @@ struct notify_desc {
 /// copying it.
 [[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal,
                                                  wire::seal_cache* cache, std::string_view timestamp);
+/// As above, with every field `marks` sets written in place of desc's.
+[[nodiscard]] result<std::string> encode_segment(const segment_desc& desc, const wire::cluster_secret* seal,
+                                                 wire::seal_cache* cache, const publish_marks& marks);
 /// Parses and validates.  Unknown fields are ignored.  Required: name,
 /// protocol, buffers, and for "rdma" devices and priority_matrix; optional:
 /// timestamp, tcp_data_port, tcp_proto_version (default 1), rdma_server_name,
-/// and per buffer access.  Without `seal` a sealed buffer is
+/// tide_incarnation (16 hex digits), tide_stamp (an unsigned integer),
+/// tide_handshake ("host:port" with a port), and per buffer access.  Without `seal` a sealed buffer is
 /// metadata_malformed ("buffers[i].sealed: ... configure auth_secret_file");
 /// with it every buffer must be sealed (an unsealed one, which anyone who can
 /// write the store could have put there, is metadata_malformed), one that

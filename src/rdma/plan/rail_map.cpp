@@ -27,8 +27,22 @@ bool same_subnet(const gid_raw& a, const gid_raw& b) noexcept {
 rail_map rail_map::build(rail_table& rails, std::span<const gid_raw> local_gids, std::span<const std::string> peer_paths,
                          std::span<const gid_raw> peer_gids) {
   rail_map m;
+  // Each id is held from peer_id() on, and `refs` gives them back with the
+  // map (or the catch below, when a peer_id() throws half way).
   m.peer_ids.reserve(peer_paths.size());
-  for (const auto& p : peer_paths) m.peer_ids.push_back(rails.peer_id(p));
+  std::vector<std::uint32_t> held;
+  held.reserve(peer_paths.size());
+  try {
+    for (const auto& p : peer_paths) {
+      const std::uint32_t id = rails.peer_id(p);
+      m.peer_ids.push_back(id);
+      held.push_back(id);
+    }
+  } catch (...) {
+    for (const std::uint32_t id : held) rails.release(id);
+    throw;
+  }
+  m.refs = rails.hold_until_destroyed(std::move(held));
   m.ranked.resize(local_gids.size());
   for (std::size_t l = 0; l < local_gids.size(); ++l) {
     auto& r = m.ranked[l];

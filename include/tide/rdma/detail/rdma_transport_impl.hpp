@@ -354,8 +354,11 @@ status rdma_transport<P>::set_segment(segment_id id, const segment_desc& d) {
   if (!seg) return fail(seg.error());
   std::unique_lock lock(seg_mu_);
   while (segments_.size() <= id) segments_.push_back(std::make_unique<segment_slot>());
-  segments_[id]->view = std::move(*seg);
-  return set_rail_map(id, d);
+  segment_slot& slot = *segments_[id];
+  set_rail_map(slot, **seg, d);
+  if (!slot.view) slot.opened_incarnation = (*seg)->incarnation;  // opened (again)
+  slot.view = std::move(*seg);
+  return {};
 }
 
 template <class P>
@@ -496,10 +499,12 @@ status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests
     if (res[i].local == nullptr)
       return fail(errc::unregistered_source, where() + "source [" + std::to_string(src) + ", +" +
                                                  std::to_string(r.length) + ") is not inside registered memory");
+    std::optional<std::uint64_t> opened_incarnation;
     {
       std::shared_lock seg_lock(seg_mu_);
       res[i].slot = r.target < segments_.size() ? segments_[r.target].get() : nullptr;
       res[i].seg = res[i].slot != nullptr ? res[i].slot->view : nullptr;
+      if (res[i].slot != nullptr) opened_incarnation = res[i].slot->opened_incarnation;
     }
     // The peer rejected one of this view's rkeys: read its descriptor again
     // first, so a buffer it unregistered is out_of_bounds here.
@@ -511,6 +516,13 @@ status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests
     if (!res[i].seg) return fail(errc::unknown_segment, where() + "segment " + std::to_string(r.target) + " is not open");
     const remote_segment& seg = *res[i].seg;
     if (r.buffer != transfer_request::kRawAddress) {
+      // Ids count from 0 in every incarnation: after a restart this id
+      // names another buffer of another process, or none.
+      if (seg.incarnation != opened_incarnation) [[unlikely]]
+        return fail(errc::unknown_segment, where() + "segment " + seg.name + " restarted since segment " +
+                                               std::to_string(r.target) + " was opened (another incarnation): its "
+                                               "buffer ids name the new process's buffers now; close_segment and "
+                                               "open_segment it again and use the new ids");
       const int idx = seg.find_id(r.buffer);
       // The forced refresh: the peer may have registered the buffer since.
       if (idx < 0 && wanted != nullptr) {

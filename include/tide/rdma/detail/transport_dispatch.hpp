@@ -67,22 +67,22 @@ void rdma_transport<P>::dispatch_one(detail::slice& s) noexcept {
 }
 
 template <class P>
-status rdma_transport<P>::set_rail_map(segment_id id, const segment_desc& d) {
+void rdma_transport<P>::set_rail_map(const segment_slot& slot, remote_segment& seg, const segment_desc& d) {
   // Caller holds seg_mu_ exclusively.
-  const remote_segment& seg = *segments_[id]->view;
   std::vector<plan::gid_raw> local_gids, peer_gids;
   for (const auto& c : contexts_) local_gids.push_back(c->gid().raw);
   for (std::size_t i = 0; i < seg.nic_paths.size(); ++i)
     peer_gids.push_back(i < d.devices.size() ? d.devices[i].gid.raw : plan::gid_raw{});
-  auto m = std::make_unique<const plan::rail_map>(plan::rail_map::build(rails_, local_gids, seg.nic_paths, peer_gids));
-  if (rail_maps_.size() <= id) rail_maps_.resize(id + 1, nullptr);
-  // A refresh that changed no NIC keeps the map slices already point at: a
-  // new one per refresh was kept for the engine's life (finding 8).
-  if (const plan::rail_map* cur = rail_maps_[id]; cur != nullptr && cur->peer_ids == m->peer_ids && cur->ranked == m->ranked)
-    return {};
-  rail_maps_[id] = m.get();
-  rail_map_store_.push_back(std::move(m));
-  return {};
+  auto m = std::make_shared<const plan::rail_map>(plan::rail_map::build(rails_, local_gids, seg.nic_paths, peer_gids));
+  // A refresh that changed no NIC keeps the map slices already point at
+  // (finding 8); the new one gives its peer ids back as it goes.
+  if (slot.view && slot.view->rails && slot.view->rails->peer_ids == m->peer_ids &&
+      slot.view->rails->ranked == m->ranked) {
+    seg.rails = slot.view->rails;
+    return;
+  }
+  seg.rails = std::move(m);
+  ++rail_maps_built_;
 }
 
 template <class P>
@@ -106,12 +106,10 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   bool carrier_all = carrier_ != nullptr;
   for (std::size_t i = 0; i < requests.size() && carrier_all; ++i) carrier_all = carrier_only(*res[i].seg);
   if (auto r = plan::plan(carrier_all ? carrier_plan_cfg_ : plan_cfg_, extents, planned); !r) return r;
+  // The map of the view each task keeps alive (keep_alive below): slices
+  // point at it for retries, and it holds their peer ids in the rail table.
   maps.assign(requests.size(), nullptr);
-  {
-    std::shared_lock seg_lock(seg_mu_);
-    for (std::size_t i = 0; i < requests.size(); ++i)
-      maps[i] = requests[i].target < rail_maps_.size() ? rail_maps_[requests[i].target] : nullptr;
-  }
+  for (std::size_t i = 0; i < requests.size(); ++i) maps[i] = res[i].seg ? res[i].seg->rails.get() : nullptr;
 
   // Every allocation before the first task or counter changes (submit's
   // promise: a bad_alloc leaves nothing submitted).  The slice vectors keep

@@ -50,6 +50,9 @@ using gid_raw = std::array<std::uint8_t, 16>;
 struct rail_map {
   std::vector<std::uint32_t> peer_ids;             ///< per peer device: id in the rail_table
   std::vector<std::vector<std::uint16_t>> ranked;  ///< per local device: peer devices, best rail first
+  /// Holds peer_ids in the table while the map lives (move-only): the table
+  /// recycles only ids no map holds.
+  peer_refs refs;
 
   /// Ranks every peer device for every local device and registers the peer
   /// NICs in `rails`.  `local_gids` by local device id; `peer_paths` and

@@ -19,6 +19,7 @@
 /// Time: callers pass `now_us` (steady clock, microseconds; see
 /// steady_now_us()), so tests drive a fake clock.
 
+#include <tide/detail/log.hpp>
 #include <tide/result.hpp>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -179,6 +181,14 @@ class rail_state {
     return false;
   }
 
+  /// Back to a fresh rail: healthy, no failures counted.  Only for a rail
+  /// no slice can reach (rail_table recycling an id nobody holds).
+  void reset() noexcept {
+    word_.store(0, std::memory_order_relaxed);
+    failures_.store(0, std::memory_order_relaxed);
+    pauses_.store(0, std::memory_order_relaxed);
+  }
+
   [[nodiscard]] rail_snapshot snapshot() const noexcept {
     const std::uint64_t w = word_.load(std::memory_order_relaxed);
     return {phase_of(w), level_of(w), until_of(w), failures_.load(std::memory_order_relaxed),
@@ -210,10 +220,90 @@ class rail_state {
   std::atomic<std::uint64_t> pauses_{0};
 };
 
+namespace detail {
+
+// The peer-NIC registry of a rail_table: names, ids and how many rail maps
+// hold each id.  Shared (shared_ptr) with the peer_refs of those maps, so a
+// map that outlives its table gives its ids back harmlessly.
+struct rail_registry {
+  explicit rail_registry(std::size_t cap) : capacity(cap) {}
+  std::mutex mu;
+  const std::size_t capacity;
+  std::unordered_map<std::string, std::uint32_t> ids;
+  std::vector<std::string> names;  // by id
+  std::vector<std::uint32_t> refs;  // by id: rail maps (and peer_id callers) holding it
+  // Ids nobody holds, the one released longest ago first: what a full
+  // table recycles.  idle_at[id] is valid while in_idle[id].
+  std::list<std::uint32_t> idle;
+  std::vector<std::list<std::uint32_t>::iterator> idle_at;
+  std::vector<bool> in_idle;
+  std::uint64_t recycled = 0;
+  bool warned_recycling = false;
+  bool warned_full = false;
+
+  void hold(std::uint32_t id) {  // under mu
+    if (refs[id]++ == 0 && in_idle[id]) {
+      idle.erase(idle_at[id]);
+      in_idle[id] = false;
+    }
+  }
+  void release(std::uint32_t id) noexcept {
+    std::lock_guard lock(mu);
+    if (id >= refs.size() || refs[id] == 0) return;
+    if (--refs[id] == 0) {
+      try {
+        idle_at[id] = idle.insert(idle.end(), id);
+        in_idle[id] = true;
+      } catch (...) {  // no memory for the list node: the id is just not recycled
+      }
+    }
+  }
+};
+
+}  // namespace detail
+
+/// The peer ids one rail map holds in its rail_table, given back when it
+/// is destroyed (then, once the table is full, an id nobody holds may be
+/// recycled for another peer NIC).  Move-only.
+class peer_refs {
+ public:
+  peer_refs() = default;
+  peer_refs(std::shared_ptr<detail::rail_registry> reg, std::vector<std::uint32_t> ids) noexcept
+      : reg_(std::move(reg)), ids_(std::move(ids)) {}
+  peer_refs(peer_refs&& o) noexcept : reg_(std::move(o.reg_)), ids_(std::move(o.ids_)) {}
+  peer_refs& operator=(peer_refs&& o) noexcept {
+    if (this != &o) {
+      give_back();
+      reg_ = std::move(o.reg_);
+      ids_ = std::move(o.ids_);
+    }
+    return *this;
+  }
+  peer_refs(const peer_refs&) = delete;
+  peer_refs& operator=(const peer_refs&) = delete;
+  ~peer_refs() { give_back(); }
+
+ private:
+  void give_back() noexcept;
+  std::shared_ptr<detail::rail_registry> reg_;
+  std::vector<std::uint32_t> ids_;
+};
+
 /// Every rail of one transport: local device ids (< kMaxLocal) by peer NICs
 /// registered by name.  Registration (peer_id) is the setup path and takes a
 /// mutex; at() is lock-free (one acquire load of the chunk pointer) and its
-/// references stay valid for the table's life.  Peer ids are never reused.
+/// references stay valid for the table's life.
+///
+/// Bounded: at most `max_peers` peer NICs (16384 by default).  Each
+/// peer_id() call holds its id until release() (a rail map holds the ids of
+/// its peer NICs for as long as a segment view or a task uses it: peer_refs).
+/// Once the table is full, a new peer NIC takes over the id that has been
+/// held by nobody for longest, with its rails reset to healthy: no slice
+/// can still report on it, since slices reach rails only through a rail map
+/// that holds the id.  Logged once.  Only when every id is held (that many
+/// peer NICs in open segments or in flight) does peer_id() return kNoPeer:
+/// that peer NIC's slices then go without rail health (never paused),
+/// logged once.
 class rail_table {
  public:
   static constexpr std::size_t kMaxLocal = 16;
@@ -221,7 +311,9 @@ class rail_table {
   static constexpr std::size_t kChunks = 256;   ///< so at most 16384 peer NICs
   static constexpr std::uint32_t kNoPeer = 0xffffffffu;
 
-  explicit rail_table(rail_health_config cfg = {}) : cfg_(cfg) {}
+  /// `max_peers` is capped at kChunk * kChunks.
+  explicit rail_table(rail_health_config cfg = {}, std::size_t max_peers = kChunk * kChunks)
+      : cfg_(cfg), reg_(std::make_shared<detail::rail_registry>(std::clamp<std::size_t>(max_peers, 1, kChunk * kChunks))) {}
   rail_table(const rail_table&) = delete;
   rail_table& operator=(const rail_table&) = delete;
   ~rail_table() {
@@ -231,16 +323,57 @@ class rail_table {
   [[nodiscard]] const rail_health_config& config() const noexcept { return cfg_; }
 
   /// The id of peer NIC `nic_path` ("server@device"), registered on first
-  /// use; kNoPeer when the table is full.  Setup path; any thread.
+  /// use, held until release(id); kNoPeer when every id is held.  Setup
+  /// path; any thread.
   [[nodiscard]] std::uint32_t peer_id(std::string_view nic_path) {
-    std::lock_guard lock(mu_);
-    if (auto it = ids_.find(std::string(nic_path)); it != ids_.end()) return it->second;
-    const std::size_t id = names_.size();
-    if (id >= kChunk * kChunks) return kNoPeer;
-    if (id % kChunk == 0) chunks_[id / kChunk].store(new chunk, std::memory_order_release);
-    names_.emplace_back(nic_path);
-    ids_.emplace(std::string(nic_path), static_cast<std::uint32_t>(id));
-    return static_cast<std::uint32_t>(id);
+    detail::rail_registry& r = *reg_;
+    std::lock_guard lock(r.mu);
+    if (auto it = r.ids.find(std::string(nic_path)); it != r.ids.end()) {
+      r.hold(it->second);
+      return it->second;
+    }
+    if (r.names.size() < r.capacity) {
+      const std::size_t id = r.names.size();
+      if (id % kChunk == 0) chunks_[id / kChunk].store(new chunk, std::memory_order_release);
+      r.names.emplace_back(nic_path);
+      r.refs.push_back(0);
+      r.idle_at.emplace_back();
+      r.in_idle.push_back(false);
+      r.ids.emplace(std::string(nic_path), static_cast<std::uint32_t>(id));
+      r.hold(static_cast<std::uint32_t>(id));
+      return static_cast<std::uint32_t>(id);
+    }
+    if (r.idle.empty()) {
+      if (!r.warned_full) {
+        r.warned_full = true;
+        TIDE_LOG_WARN("rail table full: " << r.capacity << " peer NICs all in use by open segments or transfers; "
+                      "slices to further peer NICs (" << nic_path << " first) go without rail health until some close");
+      }
+      return kNoPeer;
+    }
+    const std::uint32_t id = r.idle.front();
+    r.idle.pop_front();
+    r.in_idle[id] = false;
+    if (!r.warned_recycling) {
+      r.warned_recycling = true;
+      TIDE_LOG_INFO("rail table full (" << r.capacity << " peer NICs): the rails of peer NICs no open segment "
+                    "uses are recycled, longest unused first (" << r.names[id] << " for " << nic_path << ")");
+    }
+    r.ids.erase(r.names[id]);
+    r.names[id] = std::string(nic_path);
+    r.ids.emplace(r.names[id], id);
+    for (std::size_t l = 0; l < kMaxLocal; ++l) at(l, id).reset();
+    ++r.recycled;
+    r.hold(id);
+    return id;
+  }
+
+  /// Gives back one hold of `id` taken by peer_id().  kNoPeer is ignored.
+  void release(std::uint32_t id) noexcept { reg_->release(id); }
+
+  /// A peer_refs that gives `ids` (each held once by peer_id()) back when destroyed.
+  [[nodiscard]] peer_refs hold_until_destroyed(std::vector<std::uint32_t> ids) const noexcept {
+    return peer_refs(reg_, std::move(ids));
   }
 
   /// The rail (local, peer).  Requires local < kMaxLocal and a peer id from
@@ -264,11 +397,21 @@ class rail_table {
     return peer != kNoPeer && at(local, peer).claim_probe(now_us, cfg_);
   }
 
-  /// Peer NICs registered so far and their names (stats).  Setup path.
+  /// Peer NICs registered now, by id (a recycled id has its new name).  Setup path.
   [[nodiscard]] std::vector<std::string> peer_names() const {
-    std::lock_guard lock(mu_);
-    return names_;
+    std::lock_guard lock(reg_->mu);
+    return reg_->names;
   }
+  /// Ids held now / recycled so far (tests, stats).
+  [[nodiscard]] std::size_t held_peers() const {
+    std::lock_guard lock(reg_->mu);
+    return static_cast<std::size_t>(std::count_if(reg_->refs.begin(), reg_->refs.end(), [](auto n) { return n != 0; }));
+  }
+  [[nodiscard]] std::uint64_t recycled_peers() const {
+    std::lock_guard lock(reg_->mu);
+    return reg_->recycled;
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept { return reg_->capacity; }
 
  private:
   struct chunk {
@@ -276,10 +419,16 @@ class rail_table {
   };
 
   rail_health_config cfg_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::uint32_t> ids_;
-  std::vector<std::string> names_;
+  std::shared_ptr<detail::rail_registry> reg_;
   std::array<std::atomic<chunk*>, kChunks> chunks_{};
 };
+
+inline void peer_refs::give_back() noexcept {
+  if (!reg_) return;
+  for (const std::uint32_t id : ids_)
+    if (id != rail_table::kNoPeer) reg_->release(id);
+  reg_.reset();
+  ids_.clear();
+}
 
 }  // namespace tide::rdma::plan
