@@ -347,3 +347,31 @@ TEST_CASE("a notification's id survives the SEND; one without (version 1) still 
   slot[1] = std::byte{3};  // an unknown version is dropped, not misread
   CHECK_FALSE(rdma::detail::decode_notify_send(slot.data(), len).ok);
 }
+
+// Review 1ab3d99, finding 19: the inbox forgot every sender's window at
+// once when the 4096th (sender, origin) pair came, so a teardown copy that
+// arrived just after was taken twice.
+TEST_CASE("notify_inbox: a copy arriving after 4096 other (sender, origin) pairs is still dropped") {
+  detail::notify_inbox box({.max_count = 1u << 20, .max_bytes = std::size_t{1} << 30, .rate_per_sec = 0});
+  auto msg = [](std::string name, std::uint64_t origin, std::uint64_t seq) {
+    return notify_desc{std::move(name), "m", notify_id{origin, seq}};
+  };
+  REQUIRE(box.push(msg("p", 1, 5), "p"));
+  // A stranger minting origins under one name: only its own windows go.
+  for (std::uint64_t o = 1; o <= 4096; ++o) REQUIRE(box.push(msg("x", o, 1), "x"));
+  CHECK(box.windows() == 1 + detail::notify_inbox::kMaxOriginsPerSender);
+  CHECK(box.push(msg("p", 1, 5), "p"));
+  CHECK(box.stats().duplicates == 1);
+  // 4096 senders with one origin each while p keeps sending: the idlest go, not p.
+  for (std::uint64_t i = 0; i < 4096; ++i) {
+    REQUIRE(box.push(msg("s" + std::to_string(i), 7, 1), "s" + std::to_string(i)));
+    if (i % 64 == 0) REQUIRE(box.push(msg("p", 1, 6 + i / 64), "p"));
+  }
+  CHECK(box.windows() <= detail::notify_inbox::kMaxWindows);
+  CHECK(box.push(msg("p", 1, 5), "p"));
+  CHECK(box.stats().duplicates == 2);
+  // The stranger's most recent origin went with the idlest senders.
+  CHECK(box.push(msg("x", 4096, 1), "x"));
+  CHECK(box.stats().duplicates == 2);
+  CHECK(box.stats().accepted == 1 + 4096 + 4096 + 64 + 1);
+}
