@@ -3,6 +3,7 @@
 #include <tide/rdma/detail/task_telemetry.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/verbs/device.hpp>
+#include <tide/wire/address.hpp>
 
 #include <algorithm>
 #include <random>
@@ -274,9 +275,8 @@ drain_post endpoint::post_drain_marker(std::uint32_t i) noexcept {
 
 status endpoint::check_request(const handshake_desc& req, std::uint32_t num_qp) {
   const std::string& path = req.local_nic_path;
-  const auto at = path.rfind('@');
   constexpr std::size_t kMaxPath = 512;
-  if (at == std::string::npos || at == 0 || at + 1 == path.size() || path.size() > kMaxPath ||
+  if (wire::nic_path_split(path) == std::string::npos || path.size() > kMaxPath ||
       std::any_of(path.begin(), path.end(), [](char c) { return static_cast<unsigned char>(c) <= 0x20; }))
     return fail(errc::handshake_rejected, "Invalid argument: local_nic_path is not <server>@<nic> (at most " +
                                               std::to_string(kMaxPath) + " printable characters)");

@@ -255,6 +255,18 @@ TEST_CASE("transfer_engine::create without an RDMA device says so") {
   CHECK(e.error().code == errc::no_device);
 }
 
+// '@' separates a segment name from the device in a NIC path (review
+// 1ab3d99, finding 17).
+TEST_CASE("transfer_engine::create refuses a local_server_name with '@', before any device is looked for") {
+  engine_config c;
+  c.sysfs_root = "/nonexistent-sysfs";
+  c.local_server_name = "node@rack:15000";
+  auto e = transfer_engine<>::create(c);
+  REQUIRE_FALSE(e);
+  CHECK(e.error().code == errc::config_invalid);
+  CHECK(e.error().detail.find("local_server_name \"node@rack:15000\" contains '@'") != std::string::npos);
+}
+
 TEST_CASE("lane_cpus: from the environment and a file; refused at create, before any device is looked for") {
   engine_config c;
   ::setenv("TIDE_LANE_CPUS", "0", 1);

@@ -94,6 +94,13 @@ std::uint16_t transfer_engine<P>::handshake_port() const noexcept {
 template <class P>
 result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_config cfg) {
   if (auto r = cfg.apply_env(); !r) return fail(r.error());
+  // The segment name is the server part of this engine's NIC paths
+  // ("<name>@<device>"); one with an '@' would split elsewhere than it was
+  // joined, and a peer would file its notifications under another name.
+  if (cfg.local_server_name.find('@') != std::string::npos)
+    return fail(errc::config_invalid, "local_server_name \"" + cfg.local_server_name +
+                                          "\" contains '@', which separates the segment name from the device in "
+                                          "a NIC path (<segment name>@<device>)");
   std::unique_ptr<transfer_engine> e(new transfer_engine(std::move(cfg)));
   impl* im = e->impl_.get();
 

@@ -21,6 +21,7 @@
 #include <tide/rdma/endpoint.hpp>
 #include <tide/rdma/endpoint_store.hpp>
 #include <tide/verbs/error.hpp>
+#include <tide/wire/address.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -164,8 +165,7 @@ class notify_port {
         // The authenticated identity of the peer (with a secret the handshake
         // bound it to this NIC path's server) or the name it gave: the
         // context's hook decides, as the TCP path does.
-        const std::string& path = e->peer_nic_path();
-        v.ctx.deliver_notify(d.msg, std::string_view(path).substr(0, path.rfind('@')));
+        v.ctx.deliver_notify(d.msg, wire::nic_path_server(e->peer_nic_path()));
         ++q.to_return;
       }
     } catch (...) {
