@@ -26,6 +26,14 @@ constexpr std::uint64_t next_generation(std::uint64_t g) noexcept {
   return n == 0 ? 1 : n;
 }
 
+// still() after reading a batch's tasks: the acquire fence orders those
+// reads before the tag's load, so a read of something free() recycled
+// (after its release fence) comes with the dead tag.
+bool still_after_read(const detail::batch_state& b, batch_id id) noexcept {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return batch_table::still(b, id);
+}
+
 // The error paths build their detail strings here; a failed allocation
 // still yields the right errc.
 error describe(errc code, const char* what, batch_id id) noexcept {
@@ -98,6 +106,7 @@ result<batch_id> batch_table::allocate(std::size_t capacity) noexcept {
       if (fresh) free_slots_.reserve(slot_count_ + 1);
       auto made = std::make_unique<detail::batch_state>(std::bit_ceil(capacity));
       made->meter = &meter_;
+      made->paths = &paths_;
       slot = fresh ? static_cast<std::uint32_t>(slot_count_) : free_slots_.back();
       const detail::batch_state* old = slots_[slot].load(std::memory_order_relaxed);
       made->tag.store(old != nullptr ? old->tag.load(std::memory_order_relaxed) : tag_of(0, false),
@@ -151,21 +160,24 @@ status batch_table::free(batch_id id) noexcept {
   }
   std::lock_guard lock(mu_);
   {
-    std::lock_guard wl(b->mu);  // a notifier still inside finish_task leaves first
-  }
-  const std::uint64_t tag = b->tag.load(std::memory_order_relaxed);
-  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
-  b->used.store(0, std::memory_order_relaxed);
-  b->canceled.store(false, std::memory_order_relaxed);
-  {
     // Dead from here: lookups of `id` fail; the next allocate bumps the
-    // generation.  Under mu with the listener's clear, so a watch() racing
-    // this free sees the dead tag or has its listener cleared.
+    // generation.  Under mu (a notifier still inside finish_task leaves
+    // first) with the listener's clear, so a watch() racing this free sees
+    // the dead tag or has its listener cleared.
     std::lock_guard wl(b->mu);
+    const std::uint64_t tag = b->tag.load(std::memory_order_relaxed);
     b->tag.store(tag_of(generation_of(tag), false), std::memory_order_release);
     b->listener = nullptr;
     b->watched.store(false, std::memory_order_relaxed);
   }
+  // Before the recycling: a status reader that reads a recycled task then
+  // sees the dead tag when it checks again (pairs with the acquire fence in
+  // still_after_read), instead of reporting the recycled WAITING as its
+  // batch's state.
+  std::atomic_thread_fence(std::memory_order_release);
+  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
+  b->used.store(0, std::memory_order_relaxed);
+  b->canceled.store(false, std::memory_order_relaxed);
   // allocate reserved room for every slot it handed out: no allocation here.
   free_slots_.push_back(static_cast<std::uint32_t>(id & 0xffffffffu));
   return {};
@@ -181,23 +193,35 @@ void batch_table::expire(detail::batch_state& b) noexcept {
   }
 }
 
+void batch_table::expire_live(detail::batch_state& b, batch_id id) noexcept {
+  // free() recycles a batch (and the next owner submits to it) under this
+  // mutex: holding it with the tag still `id`'s, every task read is this
+  // batch's.  Without it a reader that saw a recycled task's old deadline
+  // marked the next owner's task TIMEOUT (review 1ab3d99, finding 1).
+  std::unique_lock lock(b.submit_mu, std::try_to_lock);
+  if (!lock.owns_lock() || !still(b, id)) return;
+  expire(b);
+}
+
 result<transfer_status> batch_table::task_status(batch_id id, std::size_t task) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "status: unknown batch ", id));
   if (task >= b->used.load(std::memory_order_acquire))
     return fail(describe(errc::unknown_task, "status: this task was not submitted: ", task));
   auto& t = b->tasks[task];
-  if (!is_final(t.state.load(std::memory_order_acquire)) && std::chrono::steady_clock::now() > t.deadline.load(std::memory_order_relaxed))
-    detail::stop_task(t, transfer_state::timeout, errc::timed_out);
+  // A mark changes no state at once (the last slice's retirement does), so
+  // what is read here stays right after it.
   const transfer_status out = detail::status_of(t);
-  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
+  if (!is_final(out.state) && std::chrono::steady_clock::now() > t.deadline.load(std::memory_order_relaxed))
+    expire_live(*b, id);
+  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
   return out;
 }
 
 result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "status: unknown batch ", id));
-  expire(*b);
+  expire_live(*b, id);
   transfer_status out;
   out.state = transfer_state::completed;
   const std::size_t n = b->used.load(std::memory_order_acquire);
@@ -215,7 +239,7 @@ result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
     }
   }
   if (any_pending) out.state = transfer_state::pending;
-  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
+  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
   return out;
 }
 
@@ -225,7 +249,7 @@ result<transfer_telemetry> batch_table::task_telemetry(batch_id id, std::size_t 
   if (task >= b->used.load(std::memory_order_acquire))
     return fail(describe(errc::unknown_task, "telemetry: this task was not submitted: ", task));
   const transfer_telemetry out = detail::telemetry_of(b->tasks[task]);
-  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
+  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
   return out;
 }
 
@@ -235,7 +259,7 @@ result<transfer_telemetry> batch_table::batch_telemetry(batch_id id) noexcept {
   transfer_telemetry out;
   const std::size_t n = b->used.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) detail::add_telemetry(out, detail::telemetry_of(b->tasks[i]));
-  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
+  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
   return out;
 }
 
@@ -280,7 +304,7 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
     // Wake at least every 100 ms to expire tasks past their own deadline.
     b->cv.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(100)));
     lock.unlock();
-    expire(*b);
+    expire_live(*b, id);
     lock.lock();
   }
   // Freed (and perhaps handed out again, with nothing pending) since the
