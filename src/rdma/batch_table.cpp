@@ -26,14 +26,6 @@ constexpr std::uint64_t next_generation(std::uint64_t g) noexcept {
   return n == 0 ? 1 : n;
 }
 
-// still() after reading a batch's tasks: the acquire fence orders those
-// reads before the tag's load, so a read of something free() recycled
-// (after its release fence) comes with the dead tag.
-bool still_after_read(const detail::batch_state& b, batch_id id) noexcept {
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return batch_table::still(b, id);
-}
-
 // The error paths build their detail strings here; a failed allocation
 // still yields the right errc.
 error describe(errc code, const char* what, batch_id id) noexcept {
@@ -170,11 +162,10 @@ status batch_table::free(batch_id id) noexcept {
     b->listener = nullptr;
     b->watched.store(false, std::memory_order_relaxed);
   }
-  // Before the recycling: a status reader that reads a recycled task then
-  // sees the dead tag when it checks again (pairs with the acquire fence in
-  // still_after_read), instead of reporting the recycled WAITING as its
-  // batch's state.
-  std::atomic_thread_fence(std::memory_order_release);
+  // Before the recycling: a status reader that reads a recycled task's
+  // state (recycle_task stores it with release, status_of loads it with
+  // acquire) then sees the dead tag when it checks again, instead of
+  // reporting the recycled WAITING as its batch's state.
   for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
   b->used.store(0, std::memory_order_relaxed);
   b->canceled.store(false, std::memory_order_relaxed);
@@ -214,7 +205,7 @@ result<transfer_status> batch_table::task_status(batch_id id, std::size_t task) 
   const transfer_status out = detail::status_of(t);
   if (!is_final(out.state) && std::chrono::steady_clock::now() > t.deadline.load(std::memory_order_relaxed))
     expire_live(*b, id);
-  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
   return out;
 }
 
@@ -239,7 +230,7 @@ result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
     }
   }
   if (any_pending) out.state = transfer_state::pending;
-  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
   return out;
 }
 
@@ -249,7 +240,7 @@ result<transfer_telemetry> batch_table::task_telemetry(batch_id id, std::size_t 
   if (task >= b->used.load(std::memory_order_acquire))
     return fail(describe(errc::unknown_task, "telemetry: this task was not submitted: ", task));
   const transfer_telemetry out = detail::telemetry_of(b->tasks[task]);
-  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
   return out;
 }
 
@@ -259,7 +250,7 @@ result<transfer_telemetry> batch_table::batch_telemetry(batch_id id) noexcept {
   transfer_telemetry out;
   const std::size_t n = b->used.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) detail::add_telemetry(out, detail::telemetry_of(b->tasks[i]));
-  if (!still_after_read(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
+  if (!still(*b, id)) return fail(describe(errc::unknown_batch, "telemetry: batch freed meanwhile: ", id));
   return out;
 }
 

@@ -297,31 +297,37 @@ inline void note_cause(task_state& t, errc e, const slice* where) noexcept {
 }
 
 /// Prepares task `t` for a new transfer of `slice_count` slices.  The
-/// submitting thread, before the task is published (batch `used`).
+/// submitting thread, before the task is published (batch `used`).  What
+/// status_of reads is stored with release: a reader of a stale id that
+/// reads one of these values (acquire) then sees the new tag when it checks
+/// the id again (batch_table), never the new owner's state as its own.
+/// (Plain stores on x86 either way.)
 inline void reset_task(task_state& t, std::size_t slice_count, segment_id target,
                        std::chrono::steady_clock::time_point deadline) {
   t.slices.resize(slice_count);
   t.target = target;
   t.deadline.store(deadline, std::memory_order_relaxed);
-  t.bytes.store(0, std::memory_order_relaxed);
-  t.reason.store(errc::ok, std::memory_order_relaxed);
+  t.bytes.store(0, std::memory_order_release);
+  t.reason.store(errc::ok, std::memory_order_release);
   t.any_failed.store(false, std::memory_order_relaxed);
-  t.failed_device.store(kNoDevice, std::memory_order_relaxed);
-  t.failed_path.store(nullptr, std::memory_order_relaxed);
+  t.failed_device.store(kNoDevice, std::memory_order_release);
+  t.failed_path.store(nullptr, std::memory_order_release);
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
   t.slices_left.store(static_cast<std::uint32_t>(slice_count), std::memory_order_relaxed);
   t.group = nullptr;
-  t.state.store(transfer_state::pending, std::memory_order_relaxed);
+  t.state.store(transfer_state::pending, std::memory_order_release);
 }
 
-/// A freed batch's task goes back to WAITING (free_batch, no slice in flight).
+/// A freed batch's task goes back to WAITING (free_batch, no slice in
+/// flight, after the batch's tag died: the release store of the state
+/// carries that to status readers, as in reset_task).
 inline void recycle_task(task_state& t) noexcept {
   t.keep_alive.reset();
   t.group = nullptr;
   t.local_inflight = nullptr;
   t.segment_inflight = nullptr;
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
-  t.state.store(transfer_state::waiting, std::memory_order_relaxed);
+  t.state.store(transfer_state::waiting, std::memory_order_release);
 }
 
 /// Publishes the final state once; the one that wins retires it from its
@@ -434,13 +440,14 @@ inline void retire_slice(slice& s, errc e) noexcept {
 /// once it is final (and not COMPLETED).  The path views the table's copy,
 /// valid while the table lives.  Any thread.
 [[nodiscard]] inline transfer_status status_of(const task_state& t) noexcept {
+  // Acquire loads throughout (free on x86): see reset_task.
   transfer_status out;
   out.state = t.state.load(std::memory_order_acquire);
-  out.transferred_bytes = t.bytes.load(std::memory_order_relaxed);
+  out.transferred_bytes = t.bytes.load(std::memory_order_acquire);
   if (is_final(out.state) && out.state != transfer_state::completed) {
-    out.reason = t.reason.load(std::memory_order_relaxed);
-    if (const std::string* p = t.failed_path.load(std::memory_order_relaxed)) {
-      out.failed_local_device = t.failed_device.load(std::memory_order_relaxed);
+    out.reason = t.reason.load(std::memory_order_acquire);
+    if (const std::string* p = t.failed_path.load(std::memory_order_acquire)) {
+      out.failed_local_device = t.failed_device.load(std::memory_order_acquire);
       out.failed_peer_path = *p;
     }
   }
