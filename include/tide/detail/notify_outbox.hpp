@@ -236,6 +236,9 @@ class notify_outbox {
     ready_head_ = ready_tail_ = nullptr;
     ready_count_ = queued_ = 0;
     queued_count_.store(0, std::memory_order_relaxed);
+    if (const auto n = at_stop_.load(std::memory_order_relaxed); n != 0)
+      TIDE_LOG_WARN("notification outbox: " << n << " notification(s) not sent: still queued, or their exchange "
+                                             "under way, " << opt_.stop_grace.count() << " ms after stop");
   }
 
   [[nodiscard]] notify_outbox_stats stats() const noexcept {
