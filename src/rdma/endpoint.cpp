@@ -160,9 +160,10 @@ errc endpoint::post_notify_recv(std::uint32_t slot) noexcept {
   return e;
 }
 
-errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept {
+errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len, bool credit) noexcept {
   lane_qp& l = lanes_[0];
-  if (!l.rts || state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
+  const endpoint_state st = state_.load(std::memory_order_acquire);
+  if (!l.rts || (credit ? !credits_may_go_out(st) : st != endpoint_state::connected)) [[unlikely]]
     return errc::endpoint_closed;
   detail::slice& s = notify_.tx_wr(slot);
   ibv_sge sge{reinterpret_cast<std::uint64_t>(notify_.tx_buf(slot)), len, notify_.lkey()};
@@ -213,6 +214,14 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   rq.rq_psn = r.rq_psn[i];
   verbs::rc_params rc = params_.rc;
   rc.sq_psn = r.own_psn ? local_psn_[i] : 0;
+  // QP 0 carries notification SENDs, which a peer that advertised credits
+  // but posts no receives answers with RNR NAKs.  With infinite RNR retries
+  // (7) that SEND, and every data WR behind it, never completed or flushed
+  // (review 1ab3d99, finding 3); with a count the QP fails within a few of
+  // the peer's RNR timers (at most 7 x 491 ms), its WRs flush and are
+  // redone, and the notification goes over TCP.  Only a SEND can draw an
+  // RNR NAK, so QPs without notifications keep Mooncake's 7.
+  if (i == 0 && notify_.enabled()) rc.rnr_retry = std::min(rc.rnr_retry, kNotifyRnrRetry);
   if (auto s = qp.to_rtr(rq, rc); !s) return s;
   if (auto s = qp.to_rts(rc); !s) return s;
   l.since_signal = 0;
