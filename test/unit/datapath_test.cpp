@@ -130,8 +130,12 @@ TEST_CASE("slices roll up into tasks and batches; the last slice wakes the batch
   CHECK(b.tasks[1].state == transfer_state::failed);
   CHECK(b.tasks[1].reason == errc::remote_access_error);
   std::thread waiter([&] {
+    // As batch_table::wait: the last task notifies only a registered
+    // sleeper (a waiter that slept unregistered hung here under load).
     std::unique_lock lock(b.mu);
-    b.cv.wait(lock, [&] { return b.unfinished == 0; });
+    b.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    b.cv.wait(lock, [&] { return b.unfinished.load(std::memory_order_seq_cst) == 0; });
+    b.sleepers.fetch_sub(1, std::memory_order_relaxed);
   });
   rdma::detail::retire_slice(s[1], errc::ok);
   waiter.join();
