@@ -113,8 +113,9 @@ struct transfer_status {
   errc reason = errc::ok;
   /// The NIC path of the first wire failure, when one happened: the local
   /// device (index into the transport's contexts, transport().context(i))
-  /// and the peer NIC path "<segment>@<nic>".  The view stays valid until
-  /// the batch is freed.
+  /// and the peer NIC path "<segment>@<nic>".  The view stays valid as long
+  /// as the engine (transport) that returned it, also after the batch is
+  /// freed.
   std::uint16_t failed_local_device = kNoDevice;
   std::string_view failed_peer_path{};
 };

@@ -98,6 +98,7 @@ result<batch_id> batch_table::allocate(std::size_t capacity) noexcept {
       if (fresh) free_slots_.reserve(slot_count_ + 1);
       auto made = std::make_unique<detail::batch_state>(std::bit_ceil(capacity));
       made->meter = &meter_;
+      made->paths = &paths_;
       slot = fresh ? static_cast<std::uint32_t>(slot_count_) : free_slots_.back();
       const detail::batch_state* old = slots_[slot].load(std::memory_order_relaxed);
       made->tag.store(old != nullptr ? old->tag.load(std::memory_order_relaxed) : tag_of(0, false),
@@ -151,21 +152,23 @@ status batch_table::free(batch_id id) noexcept {
   }
   std::lock_guard lock(mu_);
   {
-    std::lock_guard wl(b->mu);  // a notifier still inside finish_task leaves first
-  }
-  const std::uint64_t tag = b->tag.load(std::memory_order_relaxed);
-  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
-  b->used.store(0, std::memory_order_relaxed);
-  b->canceled.store(false, std::memory_order_relaxed);
-  {
     // Dead from here: lookups of `id` fail; the next allocate bumps the
-    // generation.  Under mu with the listener's clear, so a watch() racing
-    // this free sees the dead tag or has its listener cleared.
+    // generation.  Under mu (a notifier still inside finish_task leaves
+    // first) with the listener's clear, so a watch() racing this free sees
+    // the dead tag or has its listener cleared.
     std::lock_guard wl(b->mu);
+    const std::uint64_t tag = b->tag.load(std::memory_order_relaxed);
     b->tag.store(tag_of(generation_of(tag), false), std::memory_order_release);
     b->listener = nullptr;
     b->watched.store(false, std::memory_order_relaxed);
   }
+  // Before the recycling: a status reader that reads a recycled task's
+  // state (recycle_task stores it with release, status_of loads it with
+  // acquire) then sees the dead tag when it checks again, instead of
+  // reporting the recycled WAITING as its batch's state.
+  for (std::size_t i = 0; i < b->used.load(std::memory_order_relaxed); ++i) detail::recycle_task(b->tasks[i]);
+  b->used.store(0, std::memory_order_relaxed);
+  b->canceled.store(false, std::memory_order_relaxed);
   // allocate reserved room for every slot it handed out: no allocation here.
   free_slots_.push_back(static_cast<std::uint32_t>(id & 0xffffffffu));
   return {};
@@ -181,15 +184,27 @@ void batch_table::expire(detail::batch_state& b) noexcept {
   }
 }
 
+void batch_table::expire_live(detail::batch_state& b, batch_id id) noexcept {
+  // free() recycles a batch (and the next owner submits to it) under this
+  // mutex: holding it with the tag still `id`'s, every task read is this
+  // batch's.  Without it a reader that saw a recycled task's old deadline
+  // marked the next owner's task TIMEOUT (review 1ab3d99, finding 1).
+  std::unique_lock lock(b.submit_mu, std::try_to_lock);
+  if (!lock.owns_lock() || !still(b, id)) return;
+  expire(b);
+}
+
 result<transfer_status> batch_table::task_status(batch_id id, std::size_t task) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "status: unknown batch ", id));
   if (task >= b->used.load(std::memory_order_acquire))
     return fail(describe(errc::unknown_task, "status: this task was not submitted: ", task));
   auto& t = b->tasks[task];
-  if (!is_final(t.state.load(std::memory_order_acquire)) && std::chrono::steady_clock::now() > t.deadline.load(std::memory_order_relaxed))
-    detail::stop_task(t, transfer_state::timeout, errc::timed_out);
+  // A mark changes no state at once (the last slice's retirement does), so
+  // what is read here stays right after it.
   const transfer_status out = detail::status_of(t);
+  if (!is_final(out.state) && std::chrono::steady_clock::now() > t.deadline.load(std::memory_order_relaxed))
+    expire_live(*b, id);
   if (!still(*b, id)) return fail(describe(errc::unknown_batch, "status: batch freed meanwhile: ", id));
   return out;
 }
@@ -197,7 +212,7 @@ result<transfer_status> batch_table::task_status(batch_id id, std::size_t task) 
 result<transfer_status> batch_table::batch_status(batch_id id) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "status: unknown batch ", id));
-  expire(*b);
+  expire_live(*b, id);
   transfer_status out;
   out.state = transfer_state::completed;
   const std::size_t n = b->used.load(std::memory_order_acquire);
@@ -280,7 +295,7 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
     // Wake at least every 100 ms to expire tasks past their own deadline.
     b->cv.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(100)));
     lock.unlock();
-    expire(*b);
+    expire_live(*b, id);
     lock.lock();
   }
   // Freed (and perhaps handed out again, with nothing pending) since the

@@ -3,6 +3,7 @@
 #include <tide/rdma/detail/task_telemetry.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/verbs/device.hpp>
+#include <tide/wire/address.hpp>
 
 #include <algorithm>
 #include <random>
@@ -159,9 +160,10 @@ errc endpoint::post_notify_recv(std::uint32_t slot) noexcept {
   return e;
 }
 
-errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept {
+errc endpoint::post_notify_send(std::uint32_t slot, std::uint32_t len, bool credit) noexcept {
   lane_qp& l = lanes_[0];
-  if (!l.rts || state_.load(std::memory_order_acquire) != endpoint_state::connected) [[unlikely]]
+  const endpoint_state st = state_.load(std::memory_order_acquire);
+  if (!l.rts || (credit ? !credits_may_go_out(st) : st != endpoint_state::connected)) [[unlikely]]
     return errc::endpoint_closed;
   detail::slice& s = notify_.tx_wr(slot);
   ibv_sge sge{reinterpret_cast<std::uint64_t>(notify_.tx_buf(slot)), len, notify_.lkey()};
@@ -212,6 +214,14 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   rq.rq_psn = r.rq_psn[i];
   verbs::rc_params rc = params_.rc;
   rc.sq_psn = r.own_psn ? local_psn_[i] : 0;
+  // QP 0 carries notification SENDs, which a peer that advertised credits
+  // but posts no receives answers with RNR NAKs.  With infinite RNR retries
+  // (7) that SEND, and every data WR behind it, never completed or flushed
+  // (review 1ab3d99, finding 3); with a count the QP fails within a few of
+  // the peer's RNR timers (at most 7 x 491 ms), its WRs flush and are
+  // redone, and the notification goes over TCP.  Only a SEND can draw an
+  // RNR NAK, so QPs without notifications keep Mooncake's 7.
+  if (i == 0 && notify_.enabled()) rc.rnr_retry = std::min(rc.rnr_retry, kNotifyRnrRetry);
   if (auto s = qp.to_rtr(rq, rc); !s) return s;
   if (auto s = qp.to_rts(rc); !s) return s;
   l.since_signal = 0;
@@ -274,9 +284,8 @@ drain_post endpoint::post_drain_marker(std::uint32_t i) noexcept {
 
 status endpoint::check_request(const handshake_desc& req, std::uint32_t num_qp) {
   const std::string& path = req.local_nic_path;
-  const auto at = path.rfind('@');
   constexpr std::size_t kMaxPath = 512;
-  if (at == std::string::npos || at == 0 || at + 1 == path.size() || path.size() > kMaxPath ||
+  if (wire::nic_path_split(path) == std::string::npos || path.size() > kMaxPath ||
       std::any_of(path.begin(), path.end(), [](char c) { return static_cast<unsigned char>(c) <= 0x20; }))
     return fail(errc::handshake_rejected, "Invalid argument: local_nic_path is not <server>@<nic> (at most " +
                                               std::to_string(kMaxPath) + " printable characters)");

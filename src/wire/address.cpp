@@ -77,8 +77,8 @@ std::string make_nic_path(std::string_view server, std::string_view device) {
 }
 
 result<nic_path> split_nic_path(std::string_view path) {
-  const auto at = path.find('@');
-  if (at == std::string_view::npos || at == 0 || at + 1 == path.size()) {
+  const auto at = nic_path_split(path);
+  if (at == std::string_view::npos) {
     return fail(errc::invalid_argument,
                 "NIC path \"" + std::string(path) + "\" is not <server>@<device>");
   }

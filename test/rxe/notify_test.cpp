@@ -16,12 +16,19 @@
 // (outbox_stats().sent_rdma); a burst past the credits loses and doubles
 // nothing; a peer that does not advertise gets TCP notifications; engines
 // torn down with notifications in flight neither crash nor hang.
+// Against a hand-made peer (raw_peer.hpp): credits owed to a peer whose
+// ready ack is still due go out at once; a peer that advertises credits and
+// posts no receives cannot wedge QP 0 (the tasks end, the notification goes
+// over TCP).
 
 #include <doctest/doctest.h>
 
 #include <tide/engine.hpp>
+#include <tide/net/handshake_client.hpp>
+#include <tide/policy/in_process.hpp>
 
 #include "devices_under_test.hpp"
+#include "raw_peer.hpp"
 #include "rxe_helpers.hpp"
 
 #include <unistd.h>
@@ -622,4 +629,151 @@ TEST_CASE("engines torn down with notifications in flight: no crash, no hang, no
     CHECK(out.sent + out.dropped_failed + out.refused + out.send_errors == kN);
     a.reset();
   }
+}
+
+namespace {
+
+struct in_process_policies : tide::default_policies {
+  using metadata = tide::policy::in_process;
+};
+
+}  // namespace
+
+// Review 1ab3d99, finding 18: the passive side held the credits it owed
+// back while it waited for the active side's ready ack (endpoint::ready()),
+// and its lane 0 spun meanwhile: until the ack came, or for
+// ready_ack_timeout when it was lost.  Here the ack never comes and its
+// deadline is two minutes away; the credit message must not wait for it.
+TEST_CASE("credits owed to a peer whose ready ack is still due go out at once") {
+  const auto devs = tide::test::devices_under_test();
+  auto ca = config({devs[0]});
+  ca.ready_ack_timeout = 120s;
+  auto a = tide::test::make_engine(ca);
+  tide::test::raw_peer peer(devs[1]);
+  const std::string from = "127.0.0.1:1@fake0";
+  auto reply = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(),
+                                             peer.request(from, a->segment_name() + "@" + devs[0], 8));
+  REQUIRE_MESSAGE(reply, reply.error().message());
+  REQUIRE_MESSAGE(reply->reply_msg.empty(), reply->reply_msg);
+  REQUIRE(reply->notify_credits.has_value());
+  const std::uint32_t owed_after = std::max<std::uint32_t>(1, *reply->notify_credits / 2);
+  peer.post_recvs(4);  // for the engine's credit messages
+  peer.connect(*reply);
+  auto& ctx = a->transport().context(0);
+  auto h = ctx.find_endpoint(from);
+  REQUIRE(h);
+  REQUIRE(h->state() == tide::rdma::endpoint_state::connected_wait_ready_ack);
+  // The engine owes a credit message once it has reposted R/2 receives.
+  for (std::uint32_t k = 0; k < owed_after; ++k)
+    REQUIRE(peer.send_notify(tide::notify_desc{"127.0.0.1:1", "m" + std::to_string(k)}) == IBV_WC_SUCCESS);
+  const auto credit = peer.wait_recv(60s);
+  REQUIRE_MESSAGE(credit.has_value(), "no credit message within 60 s of the engine owing one");
+  CHECK(credit->ok);
+  CHECK(credit->kind == tide::rdma::detail::notify_kind::credit);
+  CHECK(credit->credits == owed_after);
+  // It went out before the ack, not once the ack's deadline passed.
+  CHECK(h->state() == tide::rdma::endpoint_state::connected_wait_ready_ack);
+  h.reset();
+  CHECK(a->take_notifies().size() == owed_after);
+}
+
+// Review 1ab3d99, finding 3: QPs ran with infinite RNR retries, so a peer
+// that advertises notification credits but posts no receives left the
+// first notification SEND drawing RNR NAKs for ever, and every WR behind it
+// on QP 0: those tasks never became final.  The peer here is raw verbs QPs
+// connected to the engine's passive side under the name of a real engine
+// (b), whose descriptor in the initiator's metadata names the hand-made
+// NIC and memory; b's handshake port takes the TCP notification.
+TEST_CASE("a peer that advertises notification credits but posts no receives: tasks end, the notification goes over TCP") {
+  const auto devs = tide::test::devices_under_test();
+  auto b = tide::test::make_engine(config({devs[1]}));
+  const std::string name = b->segment_name();
+  const std::string from = name + "@fake0";
+  auto ca = config({devs[0]});
+  ca.metadata = "";
+  ca.cluster_id = "raw-peer-rnr";
+  ca.transfer_timeout = 30s;
+  auto a = tide::test::make_engine<in_process_policies>(ca);
+  tide::test::raw_peer peer(devs[1]);  // posts no receives
+  {
+    tide::metadata_config mc;
+    mc.cluster_id = ca.cluster_id;
+    tide::policy::in_process store(mc);
+    tide::segment_desc d;
+    d.name = name;
+    tide::device_desc dev;
+    dev.name = "fake0";
+    dev.gid = peer.gid();
+    d.devices.push_back(dev);
+    tide::buffer_desc bd;
+    bd.name = "cpu:0";
+    bd.addr = reinterpret_cast<std::uint64_t>(peer.buf);
+    bd.length = tide::test::raw_peer::kSlots;
+    bd.lkey = {peer.mr->lkey};
+    bd.rkey = {peer.mr->rkey};
+    d.buffers.push_back(bd);
+    d.priority["cpu:0"] = tide::priority_entry{{"fake0"}, {}};
+    d.timestamp = tide::current_timestamp();
+    REQUIRE(store.put_segment(name, tide::encode_segment(d)));
+  }
+  auto req = peer.request(from, a->segment_name() + "@" + devs[0], 8);
+  auto reply = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), req);
+  REQUIRE_MESSAGE(reply, reply.error().message());
+  REQUIRE_MESSAGE(reply->reply_msg.empty(), reply->reply_msg);
+  REQUIRE(reply->notify_credits.has_value());
+  peer.connect(*reply);
+  req.ready_ack = true;
+  auto ack = tide::net::exchange_handshake("127.0.0.1", a->handshake_port(), req);
+  REQUIRE_MESSAGE(ack, ack.error().message());
+  REQUIRE(ack->reply_msg.empty());
+  auto& ctx = a->transport().context(0);
+  REQUIRE(ctx.find_endpoint(from));
+  REQUIRE(ctx.find_endpoint(from)->notify_ready());
+
+  buffer src(tide::test::raw_peer::kSlots);
+  tide::test::fill(src.data, src.size, 3);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  const auto seg = a->open_segment(name).value();
+  const auto remote = reinterpret_cast<std::uint64_t>(peer.buf);
+  // The notification's own transfer lands (a WRITE needs no receive); its
+  // SEND is handed to lane 0 as the task ends.
+  {
+    const auto batch = a->allocate_batch(1).value();
+    const auto r = transfer_request::at_address(transfer_op::write, src.data, seg, remote, 4096);
+    REQUIRE(a->submit(batch, {&r, 1}, tide::notification{"", "after the data"}));
+    REQUIRE(a->wait(batch, 60s));
+    CHECK(a->batch_status(batch)->state == transfer_state::completed);
+    REQUIRE(a->free_batch(batch));
+  }
+  // Batches after it, spread over both lanes: what lane 0 posts queues on
+  // QP 0 behind the SEND.  Each must end (COMPLETED, or FAILED once the
+  // endpoint is gone: the peer cannot handshake again) within its timeout.
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    constexpr std::size_t kN = 16, kLen = 1024;
+    std::vector<transfer_request> reqs;
+    for (std::size_t i = 0; i < kN; ++i)
+      reqs.push_back(transfer_request::at_address(transfer_op::write, src.data + i * kLen, seg, remote + i * kLen, kLen));
+    const auto batch = a->allocate_batch(kN).value();
+    REQUIRE(a->submit(batch, reqs));
+    const auto w = a->wait(batch, 60s);  // a hang guard: transfer_timeout is 30 s
+    REQUIRE_MESSAGE(w, w.error().message());
+    const auto st = a->batch_status(batch)->state;
+    CHECK((st == transfer_state::completed || st == transfer_state::failed));
+    REQUIRE(a->free_batch(batch));
+  }
+  // The SEND failed with its QP (RNR retries exhausted): the notification
+  // went over TCP to b, and the peer gets no RDMA notifications again.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  const auto out = a->outbox_stats();
+  CHECK(out.pending == 0);
+  CHECK(out.rdma_fallbacks == 1);
+  CHECK(out.sent_tcp == 1);
+  CHECK(out.sent_rdma == 0);
+  const auto got = first_notifies(*b);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].notify_msg == "after the data");
+  CHECK(got[0].name == a->segment_name());
+  CHECK(ctx.rdma_notify_refused(from));
 }

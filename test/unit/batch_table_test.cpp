@@ -11,6 +11,7 @@
 #include <chrono>
 #include <mutex>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -672,4 +673,159 @@ TEST_CASE("telemetry: lanes stamping a task while readers poll it and the meter;
   CHECK(m.latency[1][0].count() == 1);  // 4 KiB write
   CHECK(m.latency[1][1].count() == 1);  // 8 KiB write: <= 64 KiB
   REQUIRE(table->free(id));
+}
+
+// Review 1ab3d99, finding 1(a): failed_peer_path viewed the segment view
+// that only the task's keep_alive held, so a status read kept past
+// free_batch (Python's one-call transfers build their tuple after the free)
+// read freed memory once a refresh had let the segment's old view go.  The
+// path is the table's copy now.  Under ASan (tools/sanitize) the old view
+// is a heap-use-after-free; without it the block is reused below.
+TEST_CASE("failed_peer_path stays valid after free_batch, with the segment view gone") {
+  auto t = make_table(1);
+  const batch_id id = t->allocate(2).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 2, 1);
+  const std::string text = "10.47.0.2:15000@rxe1-a-name-past-the-small-string-buffer";
+  {
+    // The segment's resolved view, held by its tasks alone (a refresh
+    // swapped the transport's copy for a newer one).
+    auto view = std::make_shared<const std::string>(text);
+    for (std::size_t i = 0; i < 2; ++i) {
+      b->tasks[i].keep_alive = view;
+      b->tasks[i].slices[0].peer_path = view.get();
+      b->tasks[i].slices[0].local_device = 1;
+    }
+  }
+  rdma::detail::retire_slice(b->tasks[0].slices[0], errc::remote_access_error);
+  rdma::detail::retire_slice(b->tasks[1].slices[0], errc::transport_retry_exceeded);
+  const transfer_status st = t->task_status(id, 0).value();
+  const transfer_status whole = t->batch_status(id).value();
+  REQUIRE(st.state == transfer_state::failed);
+  REQUIRE(whole.state == transfer_state::failed);
+  REQUIRE(t->free(id));  // the last hold on the view goes
+  const std::string reuse(text.size(), 'X');  // the freed block, most likely
+  CHECK(st.failed_peer_path == text);
+  CHECK(whole.failed_peer_path == text);
+  CHECK(st.failed_local_device == 1);
+  CHECK(t->failed_paths_kept() == 1);  // one copy per path
+  CHECK(reuse.front() == 'X');
+}
+
+// Review 1ab3d99, finding 1(b): a status read that saw a task past its
+// deadline marked it TIMEOUT with no check that the batch was still the
+// one it looked up; free() and allocate() could hand the same batch_state
+// to a new owner in between, whose task then ended TIMEOUT.  A status read
+// now marks only under the submit mutex, which free() holds while it
+// recycles (as cancel does, review turn 3 finding 13), with the tag checked
+// again under it.  Here the free is held open with that mutex.
+TEST_CASE("batch_table: a status read while a free holds the batch marks none of its tasks") {
+  auto t = make_table(1);
+  const batch_id old_id = t->allocate(2).value();
+  auto* b = t->lookup(old_id);
+  REQUIRE(b != nullptr);
+  fake_submit(*b, 2, 1, std::chrono::milliseconds(-1));  // past its deadline already
+  {
+    std::unique_lock in_free(b->submit_mu);
+    std::thread reader([&] {
+      CHECK(t->task_status(old_id, 0).value().state == transfer_state::pending);
+      CHECK(t->batch_status(old_id).value().state == transfer_state::pending);
+    });
+    reader.join();
+    // The free could hand these tasks to a new owner now: none is marked.
+    CHECK(b->tasks[0].stop.load() == transfer_state::pending);
+    CHECK(b->tasks[1].stop.load() == transfer_state::pending);
+  }
+  // With nothing holding the batch a status read marks what is past its deadline.
+  CHECK(t->task_status(old_id, 0).value().state == transfer_state::pending);
+  CHECK(b->tasks[0].stop.load() == transfer_state::timeout);
+  CHECK(t->batch_status(old_id).value().state == transfer_state::pending);
+  CHECK(b->tasks[1].stop.load() == transfer_state::timeout);
+  for (std::size_t i = 0; i < 2; ++i) rdma::detail::retire_slice(b->tasks[i].slices[0], errc::timed_out);
+  CHECK(t->batch_status(old_id).value().state == transfer_state::timeout);
+  CHECK(t->free(old_id));
+}
+
+// The same races with real frees and allocates (review 21: the stress test
+// above only has tasks that succeed, with 30 s deadlines).  An owner fills
+// the table's only slot with tasks that fail on the wire and are past their
+// deadline, shows the id, frees it, and gives the same batch_state to work
+// of its own with a far deadline; readers poll the shown id.  A read is
+// the shown batch's or unknown, its path is readable after the free (ASan:
+// tools/sanitize), and the next owner's tasks are never marked.
+TEST_CASE("batch_table: status reads of failed, expired batches racing free and reallocation (stress)") {
+  auto t = make_table(1);
+  const std::string text = "10.47.0.2:15000@rxe1-a-name-past-the-small-string-buffer";
+  constexpr std::size_t kTasks = 4;
+  std::atomic<bool> stop{false};
+  std::atomic<batch_id> shown{0};
+  std::atomic<std::uint64_t> cycles{0}, stray{0}, failed_reads{0}, bad_path{0}, foreign{0};
+  std::thread owner([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const batch_id victim = t->allocate(kTasks).value();
+      auto* b = t->lookup(victim);
+      fake_submit(*b, kTasks, 2, std::chrono::milliseconds(-1));
+      {
+        auto view = std::make_shared<const std::string>(text);
+        for (std::size_t i = 0; i < kTasks; ++i) {
+          b->tasks[i].keep_alive = view;
+          for (auto& s : b->tasks[i].slices) s.peer_path = view.get();
+        }
+      }
+      shown.store(victim);
+      for (std::size_t i = 0; i < kTasks; ++i) {
+        rdma::detail::retire_slice(b->tasks[i].slices[0], errc::remote_access_error);
+        rdma::detail::retire_slice(b->tasks[i].slices[1], errc::work_request_flushed);
+      }
+      REQUIRE(t->free(victim));
+      const batch_id id = t->allocate(kTasks).value();
+      b = t->lookup(id);
+      REQUIRE(b != nullptr);
+      fake_submit(*b, kTasks, 1);  // 30 s away
+      for (int k = 0; k < 64; ++k) tide::detail::cpu_relax();  // readers of the old id meet the new tasks
+      for (std::size_t i = 0; i < kTasks; ++i) {
+        if (b->tasks[i].stop.load() != transfer_state::pending) ++stray;
+        rdma::detail::retire_slice(b->tasks[i].slices[0], errc::ok);
+      }
+      for (std::size_t i = 0; i < kTasks; ++i) {
+        const auto st = t->task_status(id, i);
+        if (!st || st->state != transfer_state::completed) ++stray;
+      }
+      REQUIRE(t->free(id));
+      ++cycles;
+    }
+  });
+  auto reader = [&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const batch_id id = shown.load();
+      if (id == 0) continue;
+      for (std::size_t i = 0; i < kTasks; ++i) {
+        const auto st = t->task_status(id, i);
+        if (!st) {
+          if (st.error().code != errc::unknown_batch && st.error().code != errc::unknown_task) ++foreign;
+          continue;
+        }
+        // The shown batch's tasks never complete: a COMPLETED is the next owner's.
+        if (st->state == transfer_state::completed) ++foreign;
+        if (is_final(st->state)) ++failed_reads;
+        if (!st->failed_peer_path.empty() && st->failed_peer_path != text) ++bad_path;
+      }
+      if (const auto bs = t->batch_status(id)) {
+        if (bs->state == transfer_state::completed) ++foreign;
+        if (!bs->failed_peer_path.empty() && bs->failed_peer_path != text) ++bad_path;
+      }
+    }
+  };
+  std::thread r1(reader), r2(reader);
+  std::this_thread::sleep_for(stress_duration());
+  stop = true;
+  owner.join();
+  r1.join();
+  r2.join();
+  MESSAGE("cycles " << cycles.load() << ", final reads of the shown batch " << failed_reads.load());
+  CHECK(cycles.load() > 0);
+  CHECK(stray.load() == 0);
+  CHECK(foreign.load() == 0);
+  CHECK(bad_path.load() == 0);
+  CHECK(t->live_batches() == 0);
 }

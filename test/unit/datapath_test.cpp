@@ -130,8 +130,12 @@ TEST_CASE("slices roll up into tasks and batches; the last slice wakes the batch
   CHECK(b.tasks[1].state == transfer_state::failed);
   CHECK(b.tasks[1].reason == errc::remote_access_error);
   std::thread waiter([&] {
+    // As batch_table::wait: the last task notifies only a registered
+    // sleeper (a waiter that slept unregistered hung here under load).
     std::unique_lock lock(b.mu);
-    b.cv.wait(lock, [&] { return b.unfinished == 0; });
+    b.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    b.cv.wait(lock, [&] { return b.unfinished.load(std::memory_order_seq_cst) == 0; });
+    b.sleepers.fetch_sub(1, std::memory_order_relaxed);
   });
   rdma::detail::retire_slice(s[1], errc::ok);
   waiter.join();
@@ -254,6 +258,18 @@ TEST_CASE("transfer_engine::create with RDMA alone and no RDMA device says so") 
   auto e = transfer_engine<>::create(c);
   REQUIRE_FALSE(e);
   CHECK(e.error().code == errc::no_device);
+}
+
+// '@' separates a segment name from the device in a NIC path (review
+// 1ab3d99, finding 17).
+TEST_CASE("transfer_engine::create refuses a local_server_name with '@', before any device is looked for") {
+  engine_config c;
+  c.sysfs_root = "/nonexistent-sysfs";
+  c.local_server_name = "node@rack:15000";
+  auto e = transfer_engine<>::create(c);
+  REQUIRE_FALSE(e);
+  CHECK(e.error().code == errc::config_invalid);
+  CHECK(e.error().detail.find("local_server_name \"node@rack:15000\" contains '@'") != std::string::npos);
 }
 
 TEST_CASE("lane_cpus: from the environment and a file; refused at create, before any device is looked for") {

@@ -134,12 +134,25 @@ TEST_CASE("segment names parse as host:port, [v6]:port or a bare host") {
   CHECK(format_peer_address("h", 80) == "h:80");
 }
 
-TEST_CASE("NIC paths split at the first @") {
+// One splitter for every reader of a NIC path, at the last '@' (review
+// 1ab3d99, finding 17: the identity check split at the first, the RDMA
+// notification receiver and check_request at the last).
+TEST_CASE("NIC paths split at the last @, the same for every reader") {
   CHECK(make_nic_path("10.0.0.1:15321", "mlx5_0") == "10.0.0.1:15321@mlx5_0");
   auto p = split_nic_path("a:1@dev@x");
   REQUIRE(p.has_value());
-  CHECK(p->server == "a:1");
-  CHECK(p->device == "dev@x");
+  CHECK(p->server == "a:1@dev");
+  CHECK(p->device == "x");
+  CHECK(tide::wire::nic_path_server("a:1@dev@x") == "a:1@dev");
+  CHECK(tide::wire::nic_path_device("a:1@dev@x") == "x");
+  CHECK(tide::wire::nic_path_server("nodevice").empty());
+  CHECK(tide::wire::nic_path_device("srv@").empty());
+  // The identity binding names the server the notification receiver files
+  // under: member "a" may not claim member "a@b"'s path.
+  CHECK(tide::wire::check_peer_identity("a@b", "a@b@mlx5_0").has_value());
+  auto other = tide::wire::check_peer_identity("a", "a@b@mlx5_0");
+  REQUIRE_FALSE(other.has_value());
+  CHECK(other.error().code == tide::errc::auth_failed);
   CHECK_FALSE(split_nic_path("nodevice").has_value());
   CHECK_FALSE(split_nic_path("@dev").has_value());
   CHECK_FALSE(split_nic_path("srv@").has_value());

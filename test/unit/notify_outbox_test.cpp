@@ -8,13 +8,17 @@
 // tools/sanitize).
 #include <tide/detail/notify_inbox.hpp>
 #include <tide/detail/notify_outbox.hpp>
+#include <tide/net/handshake_client.hpp>
 #include <tide/rdma/detail/batch.hpp>
 #include <tide/rdma/detail/notify_qp.hpp>
 
 #include <doctest/doctest.h>
 
+#include "support/process.hpp"
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -41,6 +45,10 @@ struct fake_peer {
   std::size_t count() {
     std::lock_guard lock(mu);
     return sent.size();
+  }
+  // As the outbox calls it (the abort flag is for exchanges that can hang).
+  detail::notify_outbox::send_fn fn() {
+    return [this](const std::string& seg, const notify_desc& n, const std::atomic<bool>&) { return send(seg, n); };
   }
 };
 
@@ -73,7 +81,7 @@ bool eventually(const std::function<bool()>& p) {
 
 TEST_CASE("notify_outbox: sent once, only after the last task of its submit is final") {
   fake_peer w;
-  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  detail::notify_outbox out(w.fn());
   batch_state b(8);
   auto item = out.make("peer:1", notify_desc{"me", "hello"}, 3);
   submit(b, 0, 3, 2, item.get());
@@ -100,7 +108,7 @@ TEST_CASE("notify_outbox: sent once, only after the last task of its submit is f
 
 TEST_CASE("notify_outbox: a failed, timed-out or canceled task drops the notification, counted") {
   fake_peer w;
-  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  detail::notify_outbox out(w.fn());
   batch_state b(16);
   // One submit per way to end badly, plus a clean one that must still go out.
   std::size_t used = 0;
@@ -130,7 +138,7 @@ TEST_CASE("notify_outbox: a failed, timed-out or canceled task drops the notific
 
 TEST_CASE("notify_outbox: a refusal and a send error are counted apart; a discarded item is not counted") {
   fake_peer w;
-  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  detail::notify_outbox out(w.fn());
   batch_state b(4);
   out.discard(out.make("peer:1", notify_desc{"me", "never"}, 1));
   CHECK(out.stats().submitted == 0);
@@ -164,7 +172,8 @@ TEST_CASE("notify_outbox: tasks retired from many threads; every notification ex
   constexpr std::size_t kSubmits = 400, kTasks = 4, kSlices = 3;
   std::vector<std::size_t> seen;
   {
-    detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+    // A grace far beyond what 400 instant sends take: stop() returns as soon as they are out.
+    detail::notify_outbox out(w.fn(), {.stop_grace = std::chrono::seconds(60)});
     batch_state b(kSubmits * kTasks);
     for (std::size_t k = 0; k < kSubmits; ++k) {
       auto item = out.make("peer:1", notify_desc{"me", std::to_string(k)}, kTasks);
@@ -185,6 +194,7 @@ TEST_CASE("notify_outbox: tasks retired from many threads; every notification ex
     out.stop();  // every task is final: stop sends what is still queued
     CHECK(out.stats().sent == kSubmits);
     CHECK(out.stats().pending == 0);
+    CHECK(out.stats().dropped_at_stop == 0);
   }
   REQUIRE(w.count() == kSubmits);
   std::vector<int> times(kSubmits, 0);
@@ -249,7 +259,7 @@ notify_desc over_rdma(const notify_desc& n) {
 TEST_CASE("a SEND the target took but whose completion teardown flushed, sent again over TCP, is taken once") {
   detail::notify_inbox target;
   // The TCP path (its JSON keeps the id: metadata_descriptors_test).
-  detail::notify_outbox out([&](const std::string&, const notify_desc& n) -> status {
+  detail::notify_outbox out([&](const std::string&, const notify_desc& n, const std::atomic<bool>&) -> status {
     if (!target.push(n, n.name)) return fail(errc::handshake_rejected, "refused");
     return {};
   });
@@ -281,8 +291,8 @@ TEST_CASE("a SEND the target took but whose completion teardown flushed, sent ag
 
 TEST_CASE("notify_outbox: each notification gets its own id under the outbox's origin; two outboxes differ") {
   fake_peer w;
-  detail::notify_outbox out([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
-  detail::notify_outbox other([&](const std::string& s, const notify_desc& n) { return w.send(s, n); });
+  detail::notify_outbox out(w.fn());
+  detail::notify_outbox other(w.fn());
   batch_state b(3);
   for (std::size_t k = 0; k < 3; ++k) {
     auto item = (k < 2 ? out : other).make("peer:1", notify_desc{"me", std::to_string(k)}, 1);
@@ -346,4 +356,141 @@ TEST_CASE("a notification's id survives the SEND; one without (version 1) still 
   CHECK_FALSE(rdma::detail::decode_notify_send(slot.data(), len - 1).ok);
   slot[1] = std::byte{3};  // an unknown version is dropped, not misread
   CHECK_FALSE(rdma::detail::decode_notify_send(slot.data(), len).ok);
+}
+
+// Review 1ab3d99, finding 19: the inbox forgot every sender's window at
+// once when the 4096th (sender, origin) pair came, so a teardown copy that
+// arrived just after was taken twice.
+TEST_CASE("notify_inbox: a copy arriving after 4096 other (sender, origin) pairs is still dropped") {
+  detail::notify_inbox box({.max_count = 1u << 20, .max_bytes = std::size_t{1} << 30, .rate_per_sec = 0});
+  auto msg = [](std::string name, std::uint64_t origin, std::uint64_t seq) {
+    return notify_desc{std::move(name), "m", notify_id{origin, seq}};
+  };
+  REQUIRE(box.push(msg("p", 1, 5), "p"));
+  // A stranger minting origins under one name: only its own windows go.
+  for (std::uint64_t o = 1; o <= 4096; ++o) REQUIRE(box.push(msg("x", o, 1), "x"));
+  CHECK(box.windows() == 1 + detail::notify_inbox::kMaxOriginsPerSender);
+  CHECK(box.push(msg("p", 1, 5), "p"));
+  CHECK(box.stats().duplicates == 1);
+  // 4096 senders with one origin each while p keeps sending: the idlest go, not p.
+  for (std::uint64_t i = 0; i < 4096; ++i) {
+    REQUIRE(box.push(msg("s" + std::to_string(i), 7, 1), "s" + std::to_string(i)));
+    if (i % 64 == 0) REQUIRE(box.push(msg("p", 1, 6 + i / 64), "p"));
+  }
+  CHECK(box.windows() <= detail::notify_inbox::kMaxWindows);
+  CHECK(box.push(msg("p", 1, 5), "p"));
+  CHECK(box.stats().duplicates == 2);
+  // The stranger's most recent origin went with the idlest senders.
+  CHECK(box.push(msg("x", 4096, 1), "x"));
+  CHECK(box.stats().duplicates == 2);
+  CHECK(box.stats().accepted == 1 + 4096 + 4096 + 64 + 1);
+}
+
+namespace {
+
+// Submits one single-task notification to `segment` on task `i` of `b` and
+// retires it COMPLETED, so the outbox has it to send.
+void ready_one(detail::notify_outbox& out, batch_state& b, std::size_t i, const std::string& segment) {
+  auto item = out.make(segment, notify_desc{"me", segment + " " + std::to_string(i)}, 1);
+  submit(b, i, 1, 1, item.get());
+  (void)item.release();
+  rdma::detail::retire_slice(b.tasks[i].slices[0], errc::ok);
+}
+
+}  // namespace
+
+// Review 1ab3d99, finding 2: one outbox thread sent every notification in
+// turn, with no abort, so a target that accepts connections and never
+// answers held every notification behind it for the connect and receive
+// timeouts, and stop() (engine teardown, Python close()) waited them all
+// out.  Here the dead target is a real listening socket nobody reads, the
+// exchange a real send_notify with timeouts of a minute.
+TEST_CASE("notify_outbox: a black-holed target delays no other; stop() aborts its exchange and drops what is left") {
+  tide::test::silent_listener hole;
+  fake_peer live;
+  std::atomic<int> dead_started{0}, dead_returned{0};
+  constexpr std::size_t kDead = 5, kLive = 1000, kTargets = 10;
+  batch_state b(kDead + kLive);
+  {
+    detail::notify_outbox out(
+        [&](const std::string& seg, const notify_desc& n, const std::atomic<bool>& abort) -> status {
+          if (seg != "dead:1") return live.send(seg, n);
+          ++dead_started;
+          net::request_options ro;
+          ro.connect_timeout = std::chrono::minutes(1);
+          ro.receive_timeout = std::chrono::minutes(1);
+          ro.abort = &abort;
+          auto r = net::send_notify("127.0.0.1", hole.port(), n, ro);
+          ++dead_returned;
+          return r;
+        },
+        {.max_queued = 16384, .max_senders = 4, .stop_grace = std::chrono::milliseconds(200)});
+    for (std::size_t i = 0; i < kDead; ++i) ready_one(out, b, i, "dead:1");
+    for (std::size_t i = 0; i < kLive; ++i) ready_one(out, b, kDead + i, "live:" + std::to_string(i % kTargets));
+    // Every live one arrives while the first dead exchange still hangs.
+    REQUIRE(eventually([&] { return live.count() == kLive; }));
+    CHECK(dead_returned.load() == 0);
+    CHECK(dead_started.load() == 1);  // one exchange per target: the other four wait behind it
+    const auto before = out.stats();
+    CHECK(before.sent == kLive);
+    CHECK(before.queued == kDead - 1);
+    CHECK(before.pending == kDead);
+    CHECK(out.senders() <= 4);
+    const auto t0 = std::chrono::steady_clock::now();
+    out.stop();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    // A hang guard, not a timing claim: without the abort this is minutes.
+    CHECK(took < std::chrono::seconds(5));
+    CHECK(dead_returned.load() == 1);
+    const auto st = out.stats();
+    CHECK(st.dropped_at_stop == kDead);
+    CHECK(st.send_errors == 0);
+    CHECK(st.pending == 0);
+    CHECK(st.queued == 0);
+    CHECK(st.sent == kLive);
+  }
+  // Per target in order.
+  std::map<std::string, std::size_t> last;
+  std::lock_guard lock(live.mu);
+  for (const auto& [seg, n] : live.sent) {
+    const std::size_t i = std::stoul(n.notify_msg.substr(n.notify_msg.find(' ') + 1));
+    if (auto it = last.find(seg); it != last.end()) CHECK(it->second < i);
+    last[seg] = i;
+  }
+}
+
+// The TCP queue is bounded: past max_queued a send is dropped and counted,
+// not kept for a target that cannot keep up.
+TEST_CASE("notify_outbox: past max_queued a notification is dropped and counted") {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::atomic<int> sent{0};
+  constexpr std::size_t kMax = 10, kN = 50;
+  batch_state b(kN);
+  detail::notify_outbox out(
+      [&](const std::string&, const notify_desc&, const std::atomic<bool>&) -> status {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return open; });  // a target that takes its time
+        ++sent;
+        return {};
+      },
+      {.max_queued = kMax, .max_senders = 2, .stop_grace = std::chrono::seconds(60)});
+  for (std::size_t i = 0; i < kN; ++i) ready_one(out, b, i, "slow:1");
+  // Everything handed over is sent (one at a time), queued, or dropped.
+  REQUIRE(eventually([&] {
+    const auto st = out.stats();
+    return st.dropped_overflow + st.queued + 1 == kN;
+  }));
+  const auto st = out.stats();
+  CHECK(st.queued <= kMax);
+  CHECK(st.dropped_overflow >= kN - kMax - 1);
+  {
+    std::lock_guard lock(mu);
+    open = true;
+  }
+  cv.notify_all();
+  REQUIRE(eventually([&] { return out.stats().pending == 0; }));
+  CHECK(out.stats().sent == kN - out.stats().dropped_overflow);
+  CHECK(static_cast<std::size_t>(sent.load()) == out.stats().sent);
 }

@@ -39,7 +39,8 @@ struct transfer_engine<P>::impl {
   /// Set first thing in ~transfer_engine: an active handshake under way (on
   /// a connector thread) gives up within net::kAbortPoll instead of holding
   /// the teardown for its connect and receive timeouts.  Notifications are
-  /// not tied to it: the outbox still sends the ones the lanes hand back.
+  /// not tied to it: the outbox still sends the ones the lanes hand back,
+  /// for its stop grace, and then aborts with its own flag.
   std::atomic<bool> stopping_handshakes{false};
   /// Handshakes this engine initiated, by outcome (the metrics).
   std::atomic<std::uint64_t> handshakes_ok{0}, handshakes_failed{0}, handshakes_auth_failed{0};
@@ -103,6 +104,13 @@ std::uint16_t transfer_engine<P>::handshake_port() const noexcept {
 template <class P>
 result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_config cfg) {
   if (auto r = cfg.apply_env(); !r) return fail(r.error());
+  // The segment name is the server part of this engine's NIC paths
+  // ("<name>@<device>"); one with an '@' would split elsewhere than it was
+  // joined, and a peer would file its notifications under another name.
+  if (cfg.local_server_name.find('@') != std::string::npos)
+    return fail(errc::config_invalid, "local_server_name \"" + cfg.local_server_name +
+                                          "\" contains '@', which separates the segment name from the device in "
+                                          "a NIC path (<segment name>@<device>)");
   std::unique_ptr<transfer_engine> e(new transfer_engine(std::move(cfg)));
   impl* im = e->impl_.get();
 
@@ -188,17 +196,22 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   transfer_engine* self = e.get();
   // Mooncake's notify message to the target's handshake port (its rpc_meta
   // address with etcd/http), as send_notify, but read afresh once when the
-  // peer may have moved.
-  im->outbox.emplace([ro, self, im](const std::string& segment, const notify_desc& n) -> status {
+  // peer may have moved.  The outbox's abort flag ends an exchange when the
+  // engine goes away and its stop grace has passed, instead of the
+  // timeouts above (per dead peer, per notification).
+  im->outbox.emplace([ro, self, im](const std::string& segment, const notify_desc& n,
+                                    const std::atomic<bool>& abort) -> status {
+    net::request_options opts = ro;
+    opts.abort = &abort;
     auto& backend = *self->cache_;  // rpc_meta, or with a secret the MACed descriptor
     auto addr = detail::handshake_address(backend, self->cfg_.cluster_id, segment, im->rpc_mu, im->rpc_addr, false);
     if (!addr) return fail(addr.error());
-    auto r = net::send_notify(addr->host, addr->port, n, ro);
+    auto r = net::send_notify(addr->host, addr->port, n, opts);
     if (r || r.error().code != errc::peer_unreachable) return r;
     auto again = detail::handshake_address(backend, self->cfg_.cluster_id, segment, im->rpc_mu, im->rpc_addr, true);
     if (!again || *again == *addr) return r;
-    return net::send_notify(again->host, again->port, n, ro);
-  });
+    return net::send_notify(again->host, again->port, n, opts);
+  }, detail::notify_outbox::options{});
   net::request_options connect_ro = ro;
   connect_ro.abort = &im->stopping_handshakes;
   rdma::handshake_sender send = [ro = std::move(connect_ro), self, im](std::string_view peer_nic_path,

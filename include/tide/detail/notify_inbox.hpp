@@ -18,7 +18,14 @@
 // (counted, reported to the sender as taken: it was).  An id older than the
 // window is taken: the copies come within a handshake timeout of each other,
 // far inside it, and losing a notification is worse than doubling one.
-// The origin table has the sender table's bound and the same start-over.
+// The windows are bounded: at most kMaxOriginsPerSender per sender (a
+// sender's origin changes only when it restarts) and kMaxWindows in all.
+// Past a bound the least recently used window goes, the sender's own first,
+// so a stranger minting (sender, origin) pairs evicts its own windows or the
+// idlest senders', never all of them: a copy that arrives within the
+// handshake timeout of its original, from a sender that is sending, is
+// still recognised (a table that started over at 4096 pairs forgot every
+// sender at once: review 1ab3d99, finding 19).
 //
 // Thread safety: every member takes the one mutex; push runs on handshake
 // handler threads and on lane 0 of a context (RDMA notifications), take and
@@ -34,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
+#include <list>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -67,6 +75,9 @@ class notify_inbox {
  public:
   static constexpr std::size_t kMaxSenders = 4096;
   static constexpr std::size_t kSeqWindow = 1024;
+  /// Duplicate windows, in all and per sender (see the top).
+  static constexpr std::size_t kMaxWindows = 4096;
+  static constexpr std::size_t kMaxOriginsPerSender = 16;
   using clock = std::chrono::steady_clock;
 
   explicit notify_inbox(notify_limits limits = {}) : limits_(limits) {}
@@ -124,6 +135,12 @@ class notify_inbox {
     return s;
   }
 
+  /// Duplicate windows held (tests).
+  [[nodiscard]] std::size_t windows() const {
+    std::lock_guard lock(mu_);
+    return windows_;
+  }
+
  private:
   struct bucket {
     double tokens = 0;
@@ -148,12 +165,53 @@ class notify_inbox {
     }
   };
 
+  // The window of (sender, origin), made when new, and marked most
+  // recently used; evicts past the bounds (see the top).  O(1) plus a walk
+  // of at most kMaxOriginsPerSender origins.
   seq_window& window_of(std::string_view sender, std::uint64_t origin) {
-    std::string key(sender);
-    key.push_back('\0');
-    key.append(reinterpret_cast<const char*>(&origin), sizeof origin);
-    if (windows_.size() >= kMaxSenders && windows_.find(key) == windows_.end()) windows_.clear();
-    return windows_[key];
+    auto found = by_sender_.find(sender);
+    sender_list::iterator s;
+    if (found == by_sender_.end()) {
+      senders_lru_.emplace_front();
+      s = senders_lru_.begin();
+      try {
+        s->name.assign(sender);
+        by_sender_.emplace(std::string_view(s->name), s);
+      } catch (...) {
+        senders_lru_.erase(s);
+        throw;
+      }
+    } else {
+      s = found->second;
+      senders_lru_.splice(senders_lru_.begin(), senders_lru_, s);
+    }
+    auto& origins = s->origins;
+    for (auto o = origins.begin(); o != origins.end(); ++o)
+      if (o->origin == origin) {
+        origins.splice(origins.begin(), origins, o);
+        return o->window;
+      }
+    if (origins.size() >= kMaxOriginsPerSender) {
+      origins.pop_back();  // this sender's least recently used origin
+      --windows_;
+    }
+    origins.emplace_front();
+    origins.front().origin = origin;
+    ++windows_;
+    // The idlest senders give their oldest windows up; never `s` itself
+    // (the front: kMaxWindows is far above kMaxOriginsPerSender).
+    while (windows_ > kMaxWindows) {
+      auto& idle = senders_lru_.back();
+      if (!idle.origins.empty()) {
+        idle.origins.pop_back();
+        --windows_;
+      }
+      if (idle.origins.empty()) {  // (or left empty by a bad_alloc above)
+        by_sender_.erase(std::string_view(idle.name));
+        senders_lru_.pop_back();
+      }
+    }
+    return origins.front().window;
   }
 
   bool take_token(std::string_view sender) {
@@ -179,7 +237,20 @@ class notify_inbox {
   std::deque<notify_desc> q_;
   std::size_t bytes_ = 0;
   std::unordered_map<std::string, bucket> senders_;
-  std::unordered_map<std::string, seq_window> windows_;  ///< key: sender, '\0', origin's bytes
+  // Duplicate windows: senders most recently used first, each with its
+  // origins most recently used first; by_sender_'s keys view the names.
+  struct origin_window {
+    std::uint64_t origin = 0;
+    seq_window window;
+  };
+  struct sender_windows {
+    std::string name;
+    std::list<origin_window> origins;
+  };
+  using sender_list = std::list<sender_windows>;
+  sender_list senders_lru_;
+  std::unordered_map<std::string_view, sender_list::iterator> by_sender_;
+  std::size_t windows_ = 0;  ///< origin windows in all senders_lru_
   notify_stats stats_;
 };
 

@@ -20,7 +20,13 @@
 /// submit in progress finishes first); lookup and the status calls take
 /// no lock.  Using an id while another thread frees it is answered with
 /// unknown_batch or with the state just before the free, never with
-/// another batch's state (status calls re-check the tag after reading).
+/// another batch's state (status calls re-check the tag after reading),
+/// and it never changes another batch's tasks: the status calls and wait
+/// mark a task past its deadline only under the batch's submit mutex
+/// (try_lock) with the tag checked again under it, as cancel does; while a
+/// submit or free holds it they leave the mark to a later call (or to the
+/// free, which expires first).  What they return holds no pointer into the
+/// batch: failed_peer_path views the table's copy of the path.
 
 #include <tide/rdma/detail/batch.hpp>
 #include <tide/telemetry.hpp>
@@ -64,7 +70,9 @@ class batch_table {
   /// Errors: unknown_batch, batch_busy (tasks unfinished or slices in flight).
   [[nodiscard]] status free(batch_id id) noexcept;
 
-  /// Marks the tasks of `b` past their deadline for TIMEOUT.
+  /// Marks the tasks of `b` past their deadline for TIMEOUT.  The caller
+  /// keeps `b` from being recycled meanwhile (holds its submit mutex, or
+  /// the table's, as free and expire_all do).
   static void expire(detail::batch_state& b) noexcept;
   /// expire() on every live batch (a drain that nobody else polls).
   void expire_all() noexcept {
@@ -106,8 +114,14 @@ class batch_table {
   [[nodiscard]] std::size_t max_tasks() const noexcept { return max_tasks_; }
   /// Batches allocated and not freed (takes the allocation mutex).
   [[nodiscard]] std::size_t live_batches() const;
+  /// Failed NIC paths kept so far (tests).
+  [[nodiscard]] std::size_t failed_paths_kept() const { return paths_.size(); }
 
  private:
+  // expire() on `b` while it is batch `id`: under its submit mutex, taken
+  // with try_lock (a submit or free in progress: nothing now).
+  static void expire_live(detail::batch_state& b, batch_id id) noexcept;
+
   batch_table(std::size_t max_batches, std::size_t max_tasks);
 
   // Walks the live batches under mu_ (so none is recycled meanwhile).
@@ -127,6 +141,7 @@ class batch_table {
   static constexpr std::uint64_t live_tag(batch_id id) noexcept { return ((id >> 32) << 1) | 1u; }
 
   transfer_meter meter_;  ///< before the batches: they point at it
+  detail::path_names paths_;  ///< likewise
   std::size_t max_batches_;
   std::size_t max_tasks_;
   mutable std::mutex mu_;  ///< allocate / free; guards slot_count_, free_slots_, all_

@@ -111,6 +111,10 @@ struct lane_qp {
 /// drain marker's, which must find room behind a full queue.
 inline constexpr std::uint32_t kDrainMarkerSlots = 1;
 
+/// RNR retries of a QP 0 that carries RDMA notifications (7 would be
+/// infinite): endpoint::lane_connect.
+inline constexpr std::uint8_t kNotifyRnrRetry = 6;
+
 /// What endpoint::post_drain_marker did.
 enum class drain_post : std::uint8_t {
   posted,      ///< in the ring: its completion retires the rest
@@ -198,14 +202,24 @@ class endpoint {
   [[nodiscard]] bool notify_ready() const noexcept {
     return state() == endpoint_state::connected && notify_.enabled();
   }
+  /// A credit message may go out on QP 0 (once the lane has it RTS): the
+  /// endpoint is up, also while the passive side still waits for the
+  /// active side's ready ack.  Credits are owed only for messages the peer
+  /// sent, so its QP is RTS by then; holding them back until the ack (or
+  /// its 10 s deadline) kept lane 0 spinning (review 1ab3d99, finding 18).
+  [[nodiscard]] static constexpr bool credits_may_go_out(endpoint_state s) noexcept {
+    return s == endpoint_state::establishing || s == endpoint_state::connected_wait_ready_ack ||
+           s == endpoint_state::connected;
+  }
   /// Posts receive buffer `slot` on QP 0 (holds the endpoint until its
   /// completion).  Errors: the post's.
   [[nodiscard]] errc post_notify_recv(std::uint32_t slot) noexcept;
   /// Posts send buffer `slot` (its first `len` bytes) as one signaled SEND
   /// on QP 0, into the ring like a slice.  Requires a free SQ slot (the
   /// caller checks sq_room) and a CQ credit.  Errors: endpoint_closed (not
-  /// RTS / not connected), the post's.
-  [[nodiscard]] errc post_notify_send(std::uint32_t slot, std::uint32_t len) noexcept;
+  /// RTS; a message when not connected, a credit message when not
+  /// credits_may_go_out), the post's.
+  [[nodiscard]] errc post_notify_send(std::uint32_t slot, std::uint32_t len, bool credit = false) noexcept;
   /// Free send queue slots on QP i.
   [[nodiscard]] std::uint32_t sq_room(std::uint32_t i) noexcept {
     const std::uint32_t depth = params_.caps.max_send_wr;

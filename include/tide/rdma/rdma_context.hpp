@@ -28,8 +28,10 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -212,10 +214,37 @@ class rdma_context {
   /// learns it instead.
   void on_slice_failed(detail::slice& s, errc e) noexcept {
     if (s.hook != nullptr) [[unlikely]] {
+      // A notification SEND the peer never had a receive for: it advertised
+      // credits it does not honour.  (s.ep lives until the lane's release.)
+      if (e == errc::rnr_retry_exceeded && s.ep != nullptr) refuse_rdma_notify(s.ep->peer_nic_path());
       detail::retire_wr(s, e);
       return;
     }
     hooks_.failed(s, e);
+  }
+
+  /// Peer NIC paths whose notification SENDs drew RNR NAKs until the QP's
+  /// retries ran out (a peer that advertises credits and posts no
+  /// receives): endpoints made to them from then on advertise no RDMA
+  /// notifications, so that peer gets TCP ones and QP 0 no SENDs to stall
+  /// on.  At most kMaxNotifyRefused, the oldest forgotten.  Any thread.
+  static constexpr std::size_t kMaxNotifyRefused = 256;
+  void refuse_rdma_notify(std::string_view peer_path) noexcept {
+    std::lock_guard lock(refused_mu_);
+    if (std::find(refused_.begin(), refused_.end(), peer_path) != refused_.end()) return;
+    try {
+      if (refused_.size() >= kMaxNotifyRefused) refused_.pop_front();
+      refused_.emplace_back(peer_path);
+    } catch (...) {
+      return;  // not remembered: the next endpoint stalls once more, then fails the same way
+    }
+    TIDE_LOG_WARN(cfg_.device << " -> " << peer_path
+                              << ": a notification SEND found no receive (RNR retries exhausted) although the peer "
+                                 "advertised credits; notifications to it go over TCP from now on");
+  }
+  [[nodiscard]] bool rdma_notify_refused(std::string_view peer_path) const {
+    std::lock_guard lock(refused_mu_);
+    return std::find(refused_.begin(), refused_.end(), peer_path) != refused_.end();
   }
 
   /// An RDMA notification from `peer_server` (lane 0).  Whatever the hook
@@ -347,7 +376,12 @@ class rdma_context {
       std::lock_guard lock(cq_mu_);
       cqs = cqs_;
     }
-    auto e = endpoint::create(params_, cqs, std::string(key));
+    auto e = [&] {
+      if (params_.notify_credits == 0 || !rdma_notify_refused(key)) return endpoint::create(params_, cqs, std::string(key));
+      endpoint_params p = params_;
+      p.notify_credits = 0;
+      return endpoint::create(p, cqs, std::string(key));
+    }();
     if (e) endpoints_created_.fetch_add(1, std::memory_order_relaxed);
     return e;
   }
@@ -468,6 +502,8 @@ class rdma_context {
   std::vector<verbs::completion_channel> channels_;
   mutable std::mutex cq_mu_;
   std::vector<std::shared_ptr<verbs::completion_queue>> cqs_;  // lane i's current CQ
+  mutable std::mutex refused_mu_;
+  std::deque<std::string> refused_;  ///< refuse_rdma_notify, oldest first
   int epoll_fd_ = -1;
   std::uint64_t max_msg_size_ = 1u << 31;
   endpoint_params params_;

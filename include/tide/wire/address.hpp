@@ -2,7 +2,7 @@
 /// Names on the handshake network, as Mooncake spells them
 /// (research/mooncake-wire.md §4):
 ///   segment / server name  "host:port", IPv6 as "[addr]:port"; no port = 12001
-///   NIC path               "<server name>@<device>", split at the first '@'
+///   NIC path               "<server name>@<device>", split at the last '@'
 /// Pure string functions; thread-safe.
 
 #include <tide/result.hpp>
@@ -35,8 +35,32 @@ struct nic_path {
   std::string server;
   std::string device;
 };
-/// Splits at the first '@'.  Errors: errc::invalid_argument when there is no
-/// '@' or either side is empty.
+
+/// Where a NIC path splits: its last '@', or npos when there is none or
+/// either side would be empty.  Every reader of a NIC path splits here
+/// (the identity check, the passive handshake, the RDMA notification
+/// receiver): a device name has no '@', a server name might (tide refuses
+/// one in local_server_name, a peer of another make might not), and two
+/// readers that split one path differently would name two servers for it.
+/// Mooncake splits at the first '@'; the two agree on every name without
+/// one.  Hot path; no allocation.
+[[nodiscard]] constexpr std::size_t nic_path_split(std::string_view path) noexcept {
+  const std::size_t at = path.rfind('@');
+  if (at == std::string_view::npos || at == 0 || at + 1 == path.size()) return std::string_view::npos;
+  return at;
+}
+/// The server part of a NIC path (nic_path_split), or empty when it is not one.
+[[nodiscard]] constexpr std::string_view nic_path_server(std::string_view path) noexcept {
+  const std::size_t at = nic_path_split(path);
+  return at == std::string_view::npos ? std::string_view{} : path.substr(0, at);
+}
+/// The device part of a NIC path (nic_path_split), or empty when it is not one.
+[[nodiscard]] constexpr std::string_view nic_path_device(std::string_view path) noexcept {
+  const std::size_t at = nic_path_split(path);
+  return at == std::string_view::npos ? std::string_view{} : path.substr(at + 1);
+}
+/// Splits at nic_path_split.  Errors: errc::invalid_argument when there is
+/// no '@' or either side is empty.
 [[nodiscard]] result<nic_path> split_nic_path(std::string_view path);
 
 /// With a cluster secret, what a peer's authenticated identity (its segment

@@ -23,7 +23,9 @@
 ///    (work_request_flushed) is only a consequence of another failure on
 ///    the same QP, so the first other error replaces it.  Later errors do
 ///    not overwrite it.  The first failure on the wire also records the NIC
-///    path it happened on.
+///    path it happened on, as a copy the batch table keeps (path_names), so
+///    the view a status call hands out stays valid after the batch is freed
+///    and after the segment view that named the path is gone.
 
 #include <tide/errc.hpp>
 #include <tide/telemetry.hpp>
@@ -34,9 +36,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace tide::rdma {
@@ -154,6 +159,48 @@ struct slice {
   wr_hook* hook = nullptr;                 ///< non-null: not a transfer's WR (no task)
 };
 
+/// The NIC paths of failed slices (task_state::failed_path points here),
+/// kept as long as the batch table: a status call's failed_peer_path is a
+/// view of one, which a caller may read after free_batch, when the batch's
+/// hold on the segment view (task_state::keep_alive) is gone and a refresh
+/// may have let that view go with it (review 1ab3d99, finding 1).  One copy
+/// per distinct path that ever failed, at most kMax (then no path is
+/// recorded: failed_local_device still names the local NIC).
+class path_names {
+ public:
+  static constexpr std::size_t kMax = 65536;
+
+  /// The kept copy of `path`, or nullptr (full, out of memory).  Any
+  /// thread; takes a mutex, on the failure path only (note_cause).
+  [[nodiscard]] const std::string* intern(std::string_view path) noexcept {
+    std::lock_guard lock(mu_);
+    if (auto it = index_.find(path); it != index_.end()) return it->second;
+    if (names_.size() >= kMax) return nullptr;
+    try {
+      names_.emplace_back(path);
+    } catch (...) {
+      return nullptr;
+    }
+    const std::string* kept = &names_.back();
+    try {
+      index_.emplace(std::string_view(*kept), kept);
+    } catch (...) {
+      names_.pop_back();
+      return nullptr;
+    }
+    return kept;
+  }
+  [[nodiscard]] std::size_t size() const {
+    std::lock_guard lock(mu_);
+    return names_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::deque<std::string> names_;  ///< a deque: its elements never move
+  std::unordered_map<std::string_view, const std::string*> index_;  ///< views of names_
+};
+
 struct task_state {
   std::atomic<transfer_state> state{transfer_state::waiting};
   /// pending, or timeout/canceled once stop_task marked it (the final state
@@ -163,7 +210,8 @@ struct task_state {
   std::atomic<std::uint64_t> bytes{0};
   std::atomic<errc> reason{errc::ok};  ///< the first cause (see the top)
   std::atomic<bool> any_failed{false};
-  /// Where the first wire failure happened (kNoDevice / null when none).
+  /// Where the first wire failure happened (kNoDevice / null when none);
+  /// the path is the batch table's copy (path_names), never freed while it lives.
   std::atomic<std::uint16_t> failed_device{kNoDevice};
   std::atomic<const std::string*> failed_path{nullptr};
   batch_state* batch = nullptr;
@@ -224,6 +272,8 @@ struct batch_state {
   batch_id listener_id = 0;
   /// The table's latency histograms and final-state counts (set by allocate).
   transfer_meter* meter = nullptr;
+  /// The table's copies of failed NIC paths (set by allocate; null: none kept).
+  path_names* paths = nullptr;
 };
 
 /// Records `e` as the task's cause unless it has one; a flush gives way to
@@ -237,39 +287,48 @@ inline void note_cause(task_state& t, errc e, const slice* where) noexcept {
     if (t.reason.compare_exchange_weak(cur, e, std::memory_order_relaxed)) break;
   }
   // Published to readers by the acq_rel decrement of slices_left that
-  // follows (the final state is stored after it).
+  // follows (the final state is stored after it).  The path is the
+  // table's copy: the slice's points into the segment view, which only the
+  // task's keep_alive holds and free_batch lets go.
   if (where != nullptr && where->peer_path != nullptr) {
     t.failed_device.store(where->local_device, std::memory_order_relaxed);
-    t.failed_path.store(where->peer_path, std::memory_order_relaxed);
+    path_names* names = t.batch != nullptr ? t.batch->paths : nullptr;
+    t.failed_path.store(names != nullptr ? names->intern(*where->peer_path) : nullptr, std::memory_order_relaxed);
   }
 }
 
 /// Prepares task `t` for a new transfer of `slice_count` slices.  The
-/// submitting thread, before the task is published (batch `used`).
+/// submitting thread, before the task is published (batch `used`).  What
+/// status_of reads is stored with release: a reader of a stale id that
+/// reads one of these values (acquire) then sees the new tag when it checks
+/// the id again (batch_table), never the new owner's state as its own.
+/// (Plain stores on x86 either way.)
 inline void reset_task(task_state& t, std::size_t slice_count, segment_id target,
                        std::chrono::steady_clock::time_point deadline) {
   t.slices.resize(slice_count);
   t.target = target;
   t.deadline.store(deadline, std::memory_order_relaxed);
-  t.bytes.store(0, std::memory_order_relaxed);
-  t.reason.store(errc::ok, std::memory_order_relaxed);
+  t.bytes.store(0, std::memory_order_release);
+  t.reason.store(errc::ok, std::memory_order_release);
   t.any_failed.store(false, std::memory_order_relaxed);
-  t.failed_device.store(kNoDevice, std::memory_order_relaxed);
-  t.failed_path.store(nullptr, std::memory_order_relaxed);
+  t.failed_device.store(kNoDevice, std::memory_order_release);
+  t.failed_path.store(nullptr, std::memory_order_release);
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
   t.slices_left.store(static_cast<std::uint32_t>(slice_count), std::memory_order_relaxed);
   t.group = nullptr;
-  t.state.store(transfer_state::pending, std::memory_order_relaxed);
+  t.state.store(transfer_state::pending, std::memory_order_release);
 }
 
-/// A freed batch's task goes back to WAITING (free_batch, no slice in flight).
+/// A freed batch's task goes back to WAITING (free_batch, no slice in
+/// flight, after the batch's tag died: the release store of the state
+/// carries that to status readers, as in reset_task).
 inline void recycle_task(task_state& t) noexcept {
   t.keep_alive.reset();
   t.group = nullptr;
   t.local_inflight = nullptr;
   t.segment_inflight = nullptr;
   t.stop.store(transfer_state::pending, std::memory_order_relaxed);
-  t.state.store(transfer_state::waiting, std::memory_order_relaxed);
+  t.state.store(transfer_state::waiting, std::memory_order_release);
 }
 
 /// Publishes the final state once; the one that wins retires it from its
@@ -379,15 +438,17 @@ inline void retire_slice(slice& s, errc e) noexcept {
 }
 
 /// What status calls report for task `t`: the reason and failed path only
-/// once it is final (and not COMPLETED).  Any thread.
+/// once it is final (and not COMPLETED).  The path views the table's copy,
+/// valid while the table lives.  Any thread.
 [[nodiscard]] inline transfer_status status_of(const task_state& t) noexcept {
+  // Acquire loads throughout (free on x86): see reset_task.
   transfer_status out;
   out.state = t.state.load(std::memory_order_acquire);
-  out.transferred_bytes = t.bytes.load(std::memory_order_relaxed);
+  out.transferred_bytes = t.bytes.load(std::memory_order_acquire);
   if (is_final(out.state) && out.state != transfer_state::completed) {
-    out.reason = t.reason.load(std::memory_order_relaxed);
-    if (const std::string* p = t.failed_path.load(std::memory_order_relaxed)) {
-      out.failed_local_device = t.failed_device.load(std::memory_order_relaxed);
+    out.reason = t.reason.load(std::memory_order_acquire);
+    if (const std::string* p = t.failed_path.load(std::memory_order_acquire)) {
+      out.failed_local_device = t.failed_device.load(std::memory_order_acquire);
       out.failed_peer_path = *p;
     }
   }

@@ -21,6 +21,7 @@
 #include <tide/rdma/endpoint.hpp>
 #include <tide/rdma/endpoint_store.hpp>
 #include <tide/verbs/error.hpp>
+#include <tide/wire/address.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -164,8 +165,7 @@ class notify_port {
         // The authenticated identity of the peer (with a secret the handshake
         // bound it to this NIC path's server) or the name it gave: the
         // context's hook decides, as the TCP path does.
-        const std::string& path = e->peer_nic_path();
-        v.ctx.deliver_notify(d.msg, std::string_view(path).substr(0, path.rfind('@')));
+        v.ctx.deliver_notify(d.msg, wire::nic_path_server(e->peer_nic_path()));
         ++q.to_return;
       }
     } catch (...) {
@@ -250,10 +250,10 @@ class notify_port {
   }
 
   // Posts a SEND of send buffer `slot` of `e`; the caller took the slot.
-  bool post(lane_view& v, const handle& h, std::uint32_t slot, std::uint32_t len) noexcept {
+  bool post(lane_view& v, const handle& h, std::uint32_t slot, std::uint32_t len, bool credit = false) noexcept {
     endpoint& e = *h;
     const bool was_idle = e.lane(0).ring.empty();
-    const errc pe = e.post_notify_send(slot, len);
+    const errc pe = e.post_notify_send(slot, len, credit);
     if (pe != errc::ok) {
       if (pe != errc::endpoint_closed && pe != errc::would_block) {
         TIDE_LOG_WARN(v.ctx.name() << " -> " << e.peer_nic_path() << ": notification post failed: " << to_string(pe));
@@ -328,7 +328,9 @@ class notify_port {
       if (q.to_return < std::max<std::uint32_t>(1, q.local_credits() / 2)) continue;
       handle h = v.ctx.find_endpoint(e->peer_nic_path());
       if (!h || h.get() != e) continue;  // evicted: its credits no longer matter
-      if (!h->ready() || !h->lane(0).rts || h->sq_room(0) == 0 || cq_free(v) == 0) {
+      // Not ready(): that waits for the ready ack, which nothing here wakes
+      // the lane for (endpoint::credits_may_go_out).
+      if (!endpoint::credits_may_go_out(h->state()) || !h->lane(0).rts || h->sq_room(0) == 0 || cq_free(v) == 0) {
         still_due = true;
         continue;
       }
@@ -338,7 +340,7 @@ class notify_port {
         continue;
       }
       const auto s = static_cast<std::uint32_t>(slot);
-      if (post(v, h, s, encode_credit(q.to_return, q.tx_buf(s)))) {
+      if (post(v, h, s, encode_credit(q.to_return, q.tx_buf(s)), true)) {
         q.to_return = 0;
         did = true;
       } else {

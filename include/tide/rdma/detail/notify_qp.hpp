@@ -6,9 +6,13 @@
 /// Both ends advertise in the handshake how many receives they post
 /// (handshake_desc::notify_credits, R).  When both did, each end posts
 /// R + kCreditReserve receives on its QP 0 before the QP leaves INIT (so no
-/// SEND can find an empty receive queue: QPs run with infinite RNR retries,
-/// and an RNR would be a hang), and may have at most the peer's R
-/// notification SENDs outstanding.  A receiver hands a credit message back
+/// SEND of a conforming peer can find an empty receive queue), and may have
+/// at most the peer's R notification SENDs outstanding.  A peer that
+/// advertises R and posts fewer receives draws RNR NAKs; QP 0 of such an
+/// endpoint has finite RNR retries (kNotifyRnrRetry, endpoint.hpp), so it
+/// fails instead of stalling for ever, its SENDs go over TCP, and the
+/// context advertises no RDMA notifications to that peer again
+/// (rdma_context::refuse_rdma_notify).  A receiver hands a credit message back
 /// each time it has reposted R/2 notification receives; credit messages use
 /// the kCreditReserve receives.  Why two suffice: a receiver sends credit
 /// message k+2 only after it consumed R/2 notifications beyond those it

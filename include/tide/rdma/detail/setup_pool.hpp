@@ -4,9 +4,13 @@
 /// a dead or hung peer holds it for up to the connect plus receive timeout
 /// (5 s + 30 s by default).  A fixed pool of two let two such peers hold up
 /// every other handshake of the context (review turn 3, finding 6), so the
-/// pool grows by one thread whenever a job arrives while every thread is
-/// busy, up to kMaxThreads; threads start on the first job (an engine that
-/// never connects has none) and stay until join().  std::thread only: this
+/// pool grows: whenever the jobs waiting outnumber the threads that will
+/// take one (idle, or started and not yet waiting), post() starts one more,
+/// up to kMaxThreads.  Counting only idle threads was not enough: a burst of
+/// posts (a lane's pass connecting to eight new peers) arrives before the
+/// one idle thread wakes, and every post saw it "idle" and queued behind
+/// the first job (review 1ab3d99, finding 4).  Threads start on the first
+/// job (an engine that never connects has none) and stay until join().  std::thread only: this
 /// header is part of <tide/engine.hpp>, which keeps Boost.Asio out of its
 /// users' translation units.
 ///
@@ -32,16 +36,21 @@ class setup_pool {
   setup_pool& operator=(const setup_pool&) = delete;
   ~setup_pool() { join(); }
 
-  /// Queues `j` (it must not throw) and starts a thread for it when none is
-  /// free.  False after join() (`j` is dropped).  Throws what std::thread
-  /// and the queue throw when no thread runs the job; it is not queued then.
+  /// Queues `j` (it must not throw) and starts a thread for it when every
+  /// thread that could take it already has a job waiting for it.  False
+  /// after join() (`j` is dropped).  Throws what std::thread and the queue
+  /// throw when no thread runs the job; it is not queued then.
   bool post(job j) {
     std::lock_guard lock(mu_);
     if (stopping_) return false;
     jobs_.push_back(std::move(j));
-    if (idle_ == 0 && threads_.size() < kMaxThreads) {
+    // Each queued job needs a thread of its own that is free for it: an
+    // idle one (woken below) or one starting (it takes a job before it
+    // ever waits).
+    if (jobs_.size() > idle_ + starting_ && threads_.size() < kMaxThreads) {
       try {
         threads_.emplace_back([this] { work(); });
+        ++starting_;
         return true;
       } catch (...) {
         if (threads_.empty()) {
@@ -53,6 +62,16 @@ class setup_pool {
     }
     cv_.notify_one();
     return true;
+  }
+
+  /// Threads waiting for a job, and threads started (tests).
+  [[nodiscard]] std::size_t idle_threads() const {
+    std::lock_guard lock(mu_);
+    return idle_;
+  }
+  [[nodiscard]] std::size_t threads() const {
+    std::lock_guard lock(mu_);
+    return threads_.size();
   }
 
   /// Refuses new jobs, lets the threads finish the queued ones and joins
@@ -71,6 +90,7 @@ class setup_pool {
  private:
   void work() noexcept {
     std::unique_lock lock(mu_);
+    --starting_;
     for (;;) {
       ++idle_;
       cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
@@ -85,11 +105,12 @@ class setup_pool {
     }
   }
 
-  std::mutex mu_;  ///< guards everything below
+  mutable std::mutex mu_;  ///< guards everything below
   std::condition_variable cv_;
   std::deque<job> jobs_;
   std::vector<std::thread> threads_;
   std::size_t idle_ = 0;  ///< threads waiting for a job
+  std::size_t starting_ = 0;  ///< threads started that have not yet taken the mutex
   bool stopping_ = false;
 };
 

@@ -7,8 +7,7 @@ namespace tide::rdma {
 
 template <class P>
 handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::string_view peer_identity) {
-  const auto at = req.peer_nic_path.find('@');
-  const std::string_view nic = at == std::string::npos ? std::string_view{} : std::string_view(req.peer_nic_path).substr(at + 1);
+  const std::string_view nic = wire::nic_path_device(req.peer_nic_path);
   auto reject = [&](std::string why) {
     handshake_desc r;
     r.local_nic_path = req.peer_nic_path;
@@ -28,13 +27,12 @@ handshake_desc rdma_transport<P>::on_connect(const handshake_desc& req, std::str
     if (req.local_gid || req.ready_ack.value_or(false)) return c->handle_connect(req);
     // Mooncake peers may send local_gid "" and expect the GID to be read
     // from their published devices[] (RE:539-558): <segment>@<device>.
-    const auto peer_at = req.local_nic_path.find('@');
-    if (peer_at == std::string::npos || peer_at == 0 || peer_at + 1 == req.local_nic_path.size())
+    const std::string_view path = req.local_nic_path;
+    if (wire::nic_path_split(path) == std::string_view::npos)
       return reject("Invalid peer GID: no GID sent and local_nic_path \"" + req.local_nic_path +
                     "\" is not <segment>@<device>");
     if (!peer_gid_) return reject("Invalid peer GID: no GID sent and no metadata to look it up");
-    const std::string_view path = req.local_nic_path;
-    auto gid = peer_gid_(path.substr(0, peer_at), path.substr(peer_at + 1));
+    auto gid = peer_gid_(wire::nic_path_server(path), wire::nic_path_device(path));
     if (!gid) return reject("Invalid peer GID: " + gid.error().detail);
     handshake_desc with_gid = req;
     with_gid.local_gid = *gid;
