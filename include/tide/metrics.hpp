@@ -23,6 +23,13 @@
 ///   tide_rail_failures_total, tide_rail_pauses_total{local_nic,peer_nic}
 ///   tide_rails_omitted                         rails left out past inputs::max_rails
 ///   tide_tasks_total{state}                    tasks that turned final, by final state
+///   tide_tasks_carried_total{transport}        final tasks whose bytes went (partly) over rdma, tcp
+///   tide_tcp_requests_total{result}            requests this engine sent over TCP: ok, failed
+///   tide_tcp_bytes_total{direction}            TCP payload: written, read (as initiator), served_in, served_out
+///   tide_tcp_connections_total{event}          opened, connect_failed, lost (client); accepted,
+///                                              refused_source, refused_full, dropped, auth_failed (server)
+///   tide_tcp_server_requests_total{result}     peers' requests: served, rejected
+///   tide_tcp_server_open_connections
 ///   tide_task_errors_total{reason}             tasks that did not complete, by errc name
 ///   tide_transfer_latency_seconds{op,size_class}  histogram, submit to final
 ///   tide_handshake_server_{connections,requests_served,auth_refused,dropped}_total
@@ -32,12 +39,14 @@
 #include <tide/detail/notify_inbox.hpp>
 #include <tide/net/handshake_server.hpp>
 #include <tide/rdma/plan/nic_load.hpp>
+#include <tide/tcp/tcp_transport.hpp>
 #include <tide/result.hpp>
 #include <tide/telemetry.hpp>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +79,8 @@ struct inputs {
   net::handshake_server_stats server;
   handshake_client_stats client;
   notify_stats notify;
+  /// The TCP transport's counters; absent when it is not installed.
+  std::optional<tcp::stats> tcp;
 };
 
 /// The text exposition of `in`: HELP and TYPE before every family, label

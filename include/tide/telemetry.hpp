@@ -162,14 +162,19 @@ class transfer_meter {
     std::array<std::array<latency_histogram::snapshot, kSizeClasses>, 2> latency{};
     std::array<std::uint64_t, 4> finals{};
     std::array<std::uint64_t, kErrcSlots> reasons{};  ///< by errc_slot
+    /// Final tasks whose bytes went (at least partly) over RDMA, over TCP.
+    std::array<std::uint64_t, 2> carried{};
   };
 
-  void record(transfer_op op, std::uint64_t length, std::int64_t latency_ns, transfer_state final_state,
-              errc reason) noexcept {
+  /// `transports`: transfer_telemetry::kViaRdma / kViaTcp bits of the task.
+  void record(transfer_op op, std::uint64_t length, std::int64_t latency_ns, transfer_state final_state, errc reason,
+              std::uint8_t transports = 0) noexcept {
     latency_[op == transfer_op::read ? 0 : 1][size_class_of(length)].record(latency_ns);
     for (std::size_t i = 0; i < kFinalStates.size(); ++i)
       if (kFinalStates[i] == final_state) finals_[i].fetch_add(1, std::memory_order_relaxed);
     if (final_state != transfer_state::completed) reasons_[errc_slot(reason)].fetch_add(1, std::memory_order_relaxed);
+    if ((transports & transfer_telemetry::kViaRdma) != 0) carried_[0].fetch_add(1, std::memory_order_relaxed);
+    if ((transports & transfer_telemetry::kViaTcp) != 0) carried_[1].fetch_add(1, std::memory_order_relaxed);
   }
   [[nodiscard]] snapshot read() const noexcept {
     snapshot s;
@@ -177,6 +182,7 @@ class transfer_meter {
       for (std::size_t c = 0; c < kSizeClasses; ++c) s.latency[o][c] = latency_[o][c].read();
     for (std::size_t i = 0; i < finals_.size(); ++i) s.finals[i] = finals_[i].load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < kErrcSlots; ++i) s.reasons[i] = reasons_[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < carried_.size(); ++i) s.carried[i] = carried_[i].load(std::memory_order_relaxed);
     return s;
   }
 
@@ -184,6 +190,7 @@ class transfer_meter {
   std::array<std::array<latency_histogram, kSizeClasses>, 2> latency_{};
   std::array<std::atomic<std::uint64_t>, 4> finals_{};
   std::array<std::atomic<std::uint64_t>, kErrcSlots> reasons_{};
+  std::array<std::atomic<std::uint64_t>, 2> carried_{};
 };
 
 }  // namespace tide

@@ -177,6 +177,10 @@ void tasks(writer& w, const transfer_meter::snapshot& m) {
   w.family("tide_tasks_total", "counter", "Transfer tasks that turned final, by final state.");
   for (std::size_t i = 0; i < m.finals.size(); ++i)
     w.sample("tide_tasks_total", {{"state", state_label(transfer_meter::kFinalStates[i])}}, m.finals[i]);
+  w.family("tide_tasks_carried_total", "counter",
+           "Final tasks whose bytes went (at least partly) over each transport; a task failed over counts in both.");
+  w.sample("tide_tasks_carried_total", {{"transport", "rdma"}}, m.carried[0]);
+  w.sample("tide_tasks_carried_total", {{"transport", "tcp"}}, m.carried[1]);
 
   // Only the reasons that occurred: a family of 100+ zero series would
   // drown the ones that matter.
@@ -209,6 +213,32 @@ void tasks(writer& w, const transfer_meter::snapshot& m) {
                seconds_text(static_cast<std::int64_t>(h.sum_ns)));
       w.sample("tide_transfer_latency_seconds_count", {{"op", opn}, {"size_class", cls}}, cum);
     }
+}
+
+void tcp_transport(writer& w, const tcp::stats& t) {
+  w.family("tide_tcp_requests_total", "counter", "Requests this engine sent over TCP, by result.");
+  w.sample("tide_tcp_requests_total", {{"result", "ok"}}, t.ops_ok);
+  w.sample("tide_tcp_requests_total", {{"result", "failed"}}, t.ops_failed);
+  w.family("tide_tcp_bytes_total", "counter",
+           "TCP payload bytes: written and read by this engine's requests, served_in and served_out for peers'.");
+  w.sample("tide_tcp_bytes_total", {{"direction", "written"}}, t.bytes_written);
+  w.sample("tide_tcp_bytes_total", {{"direction", "read"}}, t.bytes_read);
+  w.sample("tide_tcp_bytes_total", {{"direction", "served_in"}}, t.bytes_served_in);
+  w.sample("tide_tcp_bytes_total", {{"direction", "served_out"}}, t.bytes_served_out);
+  w.family("tide_tcp_connections_total", "counter", "TCP data connections, by event (client and server).");
+  w.sample("tide_tcp_connections_total", {{"event", "opened"}}, t.connections_opened);
+  w.sample("tide_tcp_connections_total", {{"event", "connect_failed"}}, t.connect_failures);
+  w.sample("tide_tcp_connections_total", {{"event", "lost"}}, t.connections_lost);
+  w.sample("tide_tcp_connections_total", {{"event", "accepted"}}, t.accepted);
+  w.sample("tide_tcp_connections_total", {{"event", "refused_source"}}, t.refused_source);
+  w.sample("tide_tcp_connections_total", {{"event", "refused_full"}}, t.refused_full);
+  w.sample("tide_tcp_connections_total", {{"event", "dropped"}}, t.dropped);
+  w.sample("tide_tcp_connections_total", {{"event", "auth_failed"}}, t.auth_failed);
+  w.family("tide_tcp_server_requests_total", "counter", "Peers' requests on the TCP data port, by result.");
+  w.sample("tide_tcp_server_requests_total", {{"result", "served"}}, t.requests_served);
+  w.sample("tide_tcp_server_requests_total", {{"result", "rejected"}}, t.requests_rejected);
+  w.family("tide_tcp_server_open_connections", "gauge", "Connections open on the TCP data port.");
+  w.sample("tide_tcp_server_open_connections", {}, t.open_connections);
 }
 
 void handshakes(writer& w, const net::handshake_server_stats& s, const handshake_client_stats& c) {
@@ -253,6 +283,7 @@ std::string format(const inputs& in) {
   rails(w, in);
   tasks(w, in.tasks);
   handshakes(w, in.server, in.client);
+  if (in.tcp) tcp_transport(w, *in.tcp);
   notify(w, in.notify);
   return w.take();
 }

@@ -46,6 +46,8 @@ int main() {
   in.server.accepted = 3;
   in.client.ok = 2;
   in.notify.accepted = 1;
+  in.tcp = tide::tcp::stats{};
+  in.tcp->ops_ok = 3;
   const std::string text = metrics::format(in);
 
   char path[] = "/tmp/tide-metrics-XXXXXX";

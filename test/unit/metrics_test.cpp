@@ -170,6 +170,9 @@ metrics::inputs sample_inputs() {
   m.record(transfer_op::write, 4000, 3'000'000, transfer_state::completed, errc::ok);
   m.record(transfer_op::read, 1u << 20, 60'000'000'000, transfer_state::timeout, errc::timed_out);
   m.record(transfer_op::read, 100, 700, transfer_state::failed, errc::transport_retry_exceeded);
+  m.record(transfer_op::write, 65536, 20'000, transfer_state::completed, errc::ok,
+           transfer_telemetry::kViaRdma | transfer_telemetry::kViaTcp);  // failed over
+  m.record(transfer_op::write, 65536, 20'000, transfer_state::completed, errc::ok, transfer_telemetry::kViaTcp);
   in.tasks = m.read();
   in.server.accepted = 5;
   in.server.served = 9;
@@ -178,6 +181,14 @@ metrics::inputs sample_inputs() {
   in.notify.accepted = 7;
   in.notify.dropped_rate = 3;
   in.notify.duplicates = 2;
+  tcp::stats t;
+  t.ops_ok = 11;
+  t.ops_failed = 1;
+  t.bytes_written = 65536;
+  t.bytes_served_out = 4096;
+  t.refused_source = 492;
+  t.open_connections = 3;
+  in.tcp = t;
   return in;
 }
 
@@ -225,7 +236,9 @@ TEST_CASE("transfer_meter: op, size class, final state and reason") {
   CHECK(s.latency[1][0].count() == 3);  // write <= 4 KiB
   CHECK(s.latency[0][2].count() == 1);  // read <= 1 MiB
   CHECK(s.latency[0][0].count() == 1);
-  CHECK(s.finals[0] == 3);
+  CHECK(s.finals[0] == 5);
+  CHECK(s.carried[0] == 1);  // rdma: the one failed over
+  CHECK(s.carried[1] == 2);  // tcp: both
   CHECK(s.finals[1] == 1);
   CHECK(s.finals[2] == 1);
   CHECK(s.reasons[errc_slot(errc::timed_out)] == 1);
@@ -345,6 +358,12 @@ TEST_CASE("metrics::format: every line parses, TYPE before samples, escaped labe
   CHECK(find(p, "tide_handshake_client_total", {{"result", "auth_failed"}})->value == 2);
   CHECK(find(p, "tide_notify_refused_total", {{"bound", "rate"}})->value == 3);
   CHECK(find(p, "tide_notify_duplicates_total", {})->value == 2);
+  CHECK(find(p, "tide_tasks_carried_total", {{"transport", "tcp"}})->value == 2);
+  CHECK(find(p, "tide_tasks_carried_total", {{"transport", "rdma"}})->value == 1);
+  CHECK(find(p, "tide_tcp_requests_total", {{"result", "ok"}})->value == 11);
+  CHECK(find(p, "tide_tcp_bytes_total", {{"direction", "served_out"}})->value == 4096);
+  CHECK(find(p, "tide_tcp_connections_total", {{"event", "refused_source"}})->value == 492);
+  CHECK(find(p, "tide_tcp_server_open_connections", {})->value == 3);
   // Histograms: cumulative, +Inf == _count, for every (op, size class).
   int series = 0;
   for (const char* op : {"read", "write"})
@@ -387,6 +406,7 @@ TEST_CASE("metrics::format: no rails, no errors: those families are left out, th
   REQUIRE_MESSAGE(p.error.empty(), p.error);
   CHECK(p.types.count("tide_rail_state") == 0);
   CHECK(p.types.count("tide_task_errors_total") == 0);
+  CHECK(p.types.count("tide_tcp_requests_total") == 0);  // TCP not installed
   CHECK(p.types.at("tide_transfer_latency_seconds") == "histogram");
 }
 

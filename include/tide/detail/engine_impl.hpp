@@ -560,6 +560,7 @@ std::string transfer_engine<P>::metrics_text() const {
                impl_->handshakes_failed.load(std::memory_order_relaxed),
                impl_->handshakes_auth_failed.load(std::memory_order_relaxed)};
   in.notify = notification_stats();
+  if (impl_->tcp) in.tcp = impl_->tcp->stats();
   return metrics::format(in);
 }
 

@@ -346,7 +346,7 @@ inline bool finish_task(task_state& t, transfer_state final_state) noexcept {
       if (b.meter != nullptr)
         b.meter->record(t.op.load(std::memory_order_relaxed), t.length.load(std::memory_order_relaxed),
                         done - t.submit_ns.load(std::memory_order_relaxed), final_state,
-                        t.reason.load(std::memory_order_relaxed));
+                        t.reason.load(std::memory_order_relaxed), t.transports.load(std::memory_order_relaxed));
       // Before the batch's count: when wait() returns, the group has been told.
       if (task_group* g = t.group) {
         if (final_state != transfer_state::completed) g->failed.store(true, std::memory_order_relaxed);
