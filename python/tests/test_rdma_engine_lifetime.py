@@ -300,28 +300,35 @@ def test_close_while_other_threads_wait_transfer_and_take_notifies(devices, targ
     assert not src.registered
 
 
+def _call_storing(fn, name: str) -> int:
+    """The offset of the call instruction whose result fn stores in local `name`."""
+    last = None
+    for i in dis.get_instructions(fn):
+        if i.opname == "CALL":
+            last = i.offset
+        elif i.opname == "STORE_FAST" and i.argval == name and last is not None:
+            return last
+    raise AssertionError(f"no call stored in {name} in {fn.__qualname__}")
+
+
 def test_close_while_another_thread_registers(devices):
-    # Review 1ab3d99 #16: a register() finishing during close() stayed registered, its export
-    # never released (the bytearray could never resize again).
+    # Review 1ab3d99 #16: a register() whose native call was running when close() began
+    # landed in the table after close() had unregistered it: registered, its export never
+    # released (the bytearray could never resize again).
     eng = make_engine(devices)
-    got = []
+    ba = bytearray(256 << 20)  # pinning it takes a while
+    at = _call_storing(tide.Engine.register, "buffer_id")  # buffer_id = ....register_memory(...)
+    t, box = _in_thread(lambda: eng.register(ba))
 
-    def register_loop():
-        try:
-            while True:
-                ba = bytearray(16 << 20)
-                got.append(ba)
-                eng.register(ba)
-        except tide.EngineClosed:
-            pass
+    def registering():
+        f = sys._current_frames().get(t.ident)
+        return f is not None and f.f_code is tide.Engine.register.__code__ and f.f_lasti == at
 
-    t = threading.Thread(target=register_loop)
-    t.start()
-    wait_until(lambda: len(got) >= 3, "registrations made")
-    eng.close()
+    wait_until(registering, "the thread inside the native register_memory", tries=100000, pause=0.001)
+    eng.close()  # returns once that call is over
     t.join()
-    for ba in got:
-        ba.extend(b"x")  # no export left on any of them: the engine released every one
+    assert isinstance(box.get("error"), tide.EngineClosed)
+    ba.extend(b"x")  # no export left: close() let it go
 
 
 def test_one_event_loop_per_call_keeps_no_fd(devices, target):
