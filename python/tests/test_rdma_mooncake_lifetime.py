@@ -50,11 +50,16 @@ def test_writers_while_the_peer_reregisters_report_its_nic_path(devices, decode,
 
         te._fail = record
         stop = threading.Event()
+        errors = []
 
         def writer(t):
             lo = (t % 8) * 8
-            while not stop.is_set():
-                te.batch_transfer_sync_write(seg, addrs[lo:lo + 8], remote[lo:lo + 8], [BLOCK] * 8)
+            try:
+                while not stop.is_set():
+                    te.batch_transfer_sync_write(seg, addrs[lo:lo + 8], remote[lo:lo + 8], [BLOCK] * 8)
+            except BaseException as e:  # noqa: B902 - e.g. UnicodeDecodeError of a freed path's bytes
+                errors.append(e)
+                stop.set()
 
         threads = [threading.Thread(target=writer, args=(t,)) for t in range(10)]
         for t in threads:
@@ -62,13 +67,16 @@ def test_writers_while_the_peer_reregisters_report_its_nic_path(devices, decode,
         try:
             for _ in range(60):  # re-registrations until enough WRITEs failed on the wire
                 assert decode.ask(cmd="reregister")["rc"] == [0, 0]
+                if stop.is_set():
+                    break
                 with lock:
-                    if sum(" -> " in m for m in messages) >= 20:
+                    if sum(" -> " in m for m in messages) >= 40:
                         break
         finally:
             stop.set()
             for t in threads:
                 t.join()
+        assert errors == []
         paths = [re.search(r"\((\S*) -> ([^)]*)\)", m) for m in messages if " -> " in m]
         assert paths, f"no WRITE failed on the wire: {messages[:5]}"
         expected = f"{seg}@{devices[1]}"
