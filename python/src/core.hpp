@@ -106,7 +106,8 @@ class async_deadlines {
 };
 
 struct core {
-  explicit core(std::chrono::milliseconds transfer_timeout) : drain_bound(transfer_timeout + std::chrono::seconds(10)) {}
+  explicit core(std::chrono::milliseconds transfer_timeout)
+      : drain_bound(transfer_timeout + std::chrono::seconds(10)) {}
   core(const core&) = delete;
   core& operator=(const core&) = delete;
   /// The engine first: no lane can call a watch queue, and no DMA reaches

@@ -1,6 +1,7 @@
 // tide._tide.Engine's methods and its pybind11 class (engine.hpp says how
-// the binding is shaped).  The plain METH_FASTCALL entry point is in
-// fast_call.cpp, copies in and out of memory in buffers.cpp.
+// the binding is shaped).  The methods taking Mooncake's arguments are in
+// engine_named.cpp, the plain METH_FASTCALL entry point in fast_call.cpp,
+// copies in and out of memory in buffers.cpp.
 #include "engine.hpp"
 
 #include "buffers.hpp"
@@ -9,7 +10,6 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <array>
 #include <thread>
 
 namespace tide::py {
@@ -17,34 +17,6 @@ namespace pyb = pybind11;
 using namespace std::chrono;
 
 namespace {
-
-pyb::tuple status_tuple(const owned_status& s) {
-  return pyb::make_tuple(static_cast<int>(s.state), s.bytes, static_cast<int>(s.reason), s.device, s.path);
-}
-
-/// (state, bytes, reason, device, path, timed_out, leaked), and the timeout
-/// used when given (Mooncake's calls, for their message).
-pyb::tuple outcome_tuple(const batch_outcome& out, std::optional<double> timeout_s = std::nullopt) {
-  pyb::list t;
-  t.append(static_cast<int>(out.status.state));
-  t.append(out.status.bytes);
-  t.append(static_cast<int>(out.status.reason));
-  t.append(out.status.device);
-  t.append(out.status.path);
-  t.append(out.timed_out);
-  t.append(out.leaked);
-  if (timeout_s) t.append(*timeout_s);
-  return pyb::tuple(t);
-}
-
-/// What a finished batch that could not finish raises: the pending Python
-/// error of an interrupt, its failure, or EngineClosed when close() ended
-/// it.  With the GIL.
-void raise_failure(batch_outcome& out) {
-  if (out.interrupted) throw pyb::error_already_set();
-  if (out.failure.code != errc::ok) raise(std::move(out.failure));
-  if (out.closed) raise(error{errc::not_initialized, "the engine was closed while the batch ran (canceled)"});
-}
 
 in_flight in_flight_of(int mode) {
   if (mode < 0 || mode > static_cast<int>(in_flight::cancel))
@@ -68,6 +40,29 @@ std::vector<transfer_request> to_requests(const std::vector<request_tuple>& requ
 }
 
 }  // namespace
+
+pyb::tuple status_tuple(const owned_status& s) {
+  return pyb::make_tuple(static_cast<int>(s.state), s.bytes, static_cast<int>(s.reason), s.device, s.path);
+}
+
+pyb::tuple outcome_tuple(const batch_outcome& out, std::optional<double> timeout_s) {
+  pyb::list t;
+  t.append(static_cast<int>(out.status.state));
+  t.append(out.status.bytes);
+  t.append(static_cast<int>(out.status.reason));
+  t.append(out.status.device);
+  t.append(out.status.path);
+  t.append(out.timed_out);
+  t.append(out.leaked);
+  if (timeout_s) t.append(*timeout_s);
+  return pyb::tuple(t);
+}
+
+void raise_failure(batch_outcome& out) {
+  if (out.interrupted) throw pyb::error_already_set();
+  if (out.failure.code != errc::ok) raise(std::move(out.failure));
+  if (out.closed) raise(error{errc::not_initialized, "the engine was closed while the batch ran (canceled)"});
+}
 
 py_engine::py_engine(const std::string& config_json, const std::string& policies) {
   const auto& sets = policy_sets();
@@ -261,101 +256,6 @@ std::vector<batch_id> py_engine::orphans() {
   return with_core([&](core& c) { return c.orphans.reap(*c.engine); });
 }
 
-template <class MakeRequests>
-pyb::object py_engine::run_named(const std::string& segment, std::uint64_t bytes, double base_s, double per_byte_s,
-                                 const std::optional<note_tuple>& notify, MakeRequests&& make_requests) {
-  const double timeout_s = seconds_argument(base_s, "base_timeout") +
-                           seconds_argument(per_byte_s, "timeout_per_byte") * static_cast<double>(bytes);
-  const auto deadline = deadline_in(timeout_s);
-  batch_outcome out = with_core([&](core& c) {
-    auto seg = c.segments.open(*c.engine, segment);
-    if (!seg) {
-      batch_outcome failed;
-      failed.failure = std::move(seg.error());
-      return failed;
-    }
-    const auto reqs = make_requests(*seg);
-    return run_batch(c, reqs, deadline, notify);
-  });
-  raise_failure(out);
-  if (out.completed()) return pyb::none();
-  return outcome_tuple(out, timeout_s);
-}
-
-pyb::object py_engine::transfer_named(const std::string& segment, int op, const pyb::handle& locals,
-                                      const pyb::handle& remotes, const pyb::handle& lengths, double base_s,
-                                      double per_byte_s, const std::optional<note_tuple>& notify) {
-  const transfer_op o = opcode_of(op);
-  const address_lists lists = read_address_lists(locals, remotes, lengths);
-  if (lists.size() == 0) return pyb::none();
-  return run_named(segment, lists.total_bytes(), base_s, per_byte_s, notify,
-                   [&](segment_id target) { return lists.requests(o, target); });
-}
-
-pyb::object py_engine::transfer_one(const std::string& segment, int op, pyb::handle local, pyb::handle remote,
-                                    pyb::handle length, double base_s, double per_byte_s) {
-  const transfer_op o = opcode_of(op);
-  const one_address a = read_one_address(local, remote, length);
-  return run_named(segment, a.length, base_s, per_byte_s, std::nullopt,
-                   [&](segment_id target) { return std::array{a.request(o, target)}; });
-}
-
-batch_id py_engine::submit_named(const std::string& segment, int op, const pyb::handle& locals,
-                                 const pyb::handle& remotes, const pyb::handle& lengths, double base_s,
-                                 double per_byte_s) {
-  const transfer_op o = opcode_of(op);
-  const address_lists lists = read_address_lists(locals, remotes, lengths);
-  const double timeout_s = seconds_argument(base_s, "base_timeout") +
-                           seconds_argument(per_byte_s, "timeout_per_byte") * static_cast<double>(lists.total_bytes());
-  const auto deadline = deadline_in(timeout_s);
-  return unwrap(with_core([&](core& c) -> result<batch_id> {
-    auto seg = c.segments.open(*c.engine, segment);
-    if (!seg) return fail(seg.error());
-    if (!c.orphans.empty()) (void)c.orphans.reap(*c.engine);
-    auto b = c.engine->allocate_batch(lists.size());
-    if (!b) return b;
-    if (auto r = c.engine->submit(*b, lists.requests(o, *seg)); !r) {
-      (void)finish_batch(c, *b, steady_clock::now());  // frees it (drains it first were anything posted)
-      return fail(r.error());
-    }
-    c.deadlines.put(*b, deadline);
-    return b;
-  }));
-}
-
-pyb::object py_engine::finish_named(batch_id b) {
-  batch_outcome out = with_core([&](core& c) {
-    // An id submit_named did not give (stale, or another API's) still goes
-    // to the engine, whose own check answers unknown_batch.
-    const auto deadline = c.deadlines.take(b).value_or(steady_clock::now() + c.drain_bound);
-    return finish_batch(c, b, deadline);
-  });
-  raise_failure(out);
-  if (out.completed()) return pyb::none();
-  return outcome_tuple(out);
-}
-
-pyb::tuple py_engine::poll_named(batch_id b) {
-  std::shared_ptr<core> c = live();
-  auto s = unwrap(c->engine->batch_status(b));  // lock-free: keeps the GIL
-  owned_status st = own(*c->engine, s);
-  if (is_final(st.state)) {
-    batch_outcome out;
-    {
-      pyb::gil_scoped_release nogil;
-      (void)c->deadlines.take(b);
-      out = finish_batch(*c, b, steady_clock::now());  // final: frees it without waiting
-      c.reset();
-    }
-    raise_failure(out);
-  }
-  return status_tuple(st);
-}
-
-segment_id py_engine::named_segment(const std::string& name) {
-  return unwrap(with_core([&](core& c) { return c.segments.open(*c.engine, name); }));
-}
-
 pyb::tuple py_engine::task_status(batch_id b, std::size_t task) {
   std::shared_ptr<core> c = live();
   auto s = unwrap(c->engine->status_of(b, task));  // lock-free: keeps the GIL
@@ -528,7 +428,8 @@ pyb::dict py_engine::stats() {
 }
 
 void init_engine(pyb::module_& m) {
-  pyb::class_<py_engine>(m, "Engine", "transfer_engine<P> over the policy set named at creation.  Thread-safe.")
+  pyb::class_<py_engine>(m, "Engine",
+                         "transfer_engine<P> over the policy set named at creation.  Thread-safe.")
       .def(pyb::init<const std::string&, const std::string&>(), pyb::arg("config_json"),
            pyb::arg("policies") = "default",
            "Creates the engine (opens every NIC, starts the handshake service); the GIL is released meanwhile.  "

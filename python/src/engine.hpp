@@ -30,6 +30,17 @@ namespace tide::py {
 /// offset or address, length).
 using request_tuple = std::tuple<int, std::uintptr_t, segment_id, std::int64_t, std::uint64_t, std::size_t>;
 
+/// (state, bytes, reason, device, path) of a status.
+[[nodiscard]] pybind11::tuple status_tuple(const owned_status& s);
+/// (state, bytes, reason, device, path, timed_out, leaked), and the timeout
+/// used when given (Mooncake's calls, for their message).
+[[nodiscard]] pybind11::tuple outcome_tuple(const batch_outcome& out,
+                                            std::optional<double> timeout_s = std::nullopt);
+/// What a batch that could not finish raises: the pending Python error of an
+/// interrupt, its failure, or EngineClosed when close() ended it.  With the
+/// GIL.
+void raise_failure(batch_outcome& out);
+
 class py_engine {
  public:
   py_engine(const std::string& config_json, const std::string& policies);
