@@ -320,13 +320,16 @@ def test_a_batch_dropped_without_free_is_released():
     assert 600 not in eng._native.released
 
 
-def test_asyncio_run_per_call_keeps_one_watcher():
+def test_asyncio_run_per_call_keeps_one_watcher(monkeypatch):
     # Review 1ab3d99 #5: each event loop that awaited a batch kept its watcher, eventfd and
     # the loop itself until Engine.close().
     import asyncio
     import gc
     import os
 
+    from tide import _aio
+
+    monkeypatch.setattr(_aio, "_EXPIRY_TICK", 0.001)  # the stand-in's batches are final at the first tick
     eng = _fake_engine()
 
     async def one(i):
