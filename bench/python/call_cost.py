@@ -1,6 +1,6 @@
 """What a synchronous call costs in Python alone, on this host (no RDMA device needed).
 
-  /usr/bin/python3 bench/python/call_cost.py [--iters N]
+  build/py-venv/bin/python bench/python/call_cost.py [--iters N]   (tools/python-wheel build first)
 
 tide.TransferEngine.transfer_sync_write / transfer_sync_read of 4 KiB, with the native call
 (_tide.sync_one) replaced by a Python function that reports a COMPLETED transfer at once: what is

@@ -12,9 +12,10 @@
 
 namespace tide::py {
 
-/// Owned by shared_ptr: the Python object and the engine's core (which keeps
-/// it until the engine is gone).  batch_final runs on lane threads and
-/// never touches Python; drain() runs on the loop's thread with the GIL.
+/// Owned by shared_ptr: the Python object, and the engine's core while the
+/// queue watches a batch (core.hpp, watch_table: a lane never calls a freed
+/// queue).  batch_final runs on lane threads and never touches Python;
+/// drain() runs on the loop's thread with the GIL.
 class completion_queue final : public batch_listener {
  public:
   completion_queue();

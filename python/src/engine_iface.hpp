@@ -123,6 +123,14 @@ class engine_model final : public engine_iface {
 /// Which metadata backend an engine is built with (a policy, so a type).
 enum class metadata_kind { p2p, etcd, http };
 
+/// The backend engine_config::metadata names: etcd:// and etcds:// etcd,
+/// http:// and https:// http, anything else (P2PHANDSHAKE, "") p2p.
+[[nodiscard]] inline metadata_kind metadata_kind_of(std::string_view metadata) noexcept {
+  if (metadata.starts_with("etcd://") || metadata.starts_with("etcds://")) return metadata_kind::etcd;
+  if (metadata.starts_with("http://") || metadata.starts_with("https://")) return metadata_kind::http;
+  return metadata_kind::p2p;
+}
+
 using engine_factory = result<std::unique_ptr<engine_iface>> (*)(engine_config);
 
 template <class P>
@@ -140,6 +148,10 @@ struct policy_set {
   engine_factory p2p = nullptr;
   engine_factory etcd = nullptr;  ///< nullptr: this set is built with p2p metadata only
   engine_factory http = nullptr;
+  /// The factory for backend k (nullptr: not built with it).
+  [[nodiscard]] engine_factory factory(metadata_kind k) const noexcept {
+    return k == metadata_kind::etcd ? etcd : k == metadata_kind::http ? http : p2p;
+  }
 };
 
 template <class P>

@@ -1,6 +1,9 @@
-// The argument readers of the plain METH_FASTCALL functions (fast_call.hpp):
-// each failure is a TypeError naming the argument, as pybind11's casters give.
+// The plain METH_FASTCALL functions (fast_call.hpp) and their argument
+// readers: each failure is a TypeError naming the argument, as pybind11's
+// casters give.
 #include "fast_call.hpp"
+
+#include "engine.hpp"
 
 #include <climits>
 
@@ -34,6 +37,44 @@ int int_argument(PyObject* arg, const char* what) {
     throw pyb::type_error(std::string(what) + " must be an int, got " + pyb::repr(arg).cast<std::string>());
   }
   return static_cast<int>(v);
+}
+
+namespace {
+
+/// py_engine::transfer_one as a METH_FASTCALL function: the path of
+/// tide.TransferEngine.transfer_sync_write / _read.  All eight arguments
+/// positional; None, or transfer_named's failure tuple.
+PyObject* sync_one(PyObject*, PyObject* const* args, Py_ssize_t n) noexcept {
+  return fast_call([&]() -> pyb::object {
+    if (n != 8)
+      throw pyb::type_error("sync_one(engine, target_hostname, opcode, buffer, peer_address, length, base_timeout, "
+                            "timeout_per_byte) takes 8 arguments, got " + std::to_string(n));
+    py_engine* engine = nullptr;  // one type lookup: None casts to null, another type throws
+    try {
+      engine = pyb::handle(args[0]).cast<py_engine*>();
+    } catch (const pyb::cast_error&) {
+    }
+    if (engine == nullptr)
+      throw pyb::type_error(std::string("sync_one: engine must be a tide._tide.Engine, got ") +
+                            Py_TYPE(args[0])->tp_name);
+    return engine->transfer_one(
+        text_argument(args[1], "target_hostname"), int_argument(args[2], "opcode"), args[3], args[4], args[5],
+        float_argument(args[6], "base_timeout"), float_argument(args[7], "timeout_per_byte"));
+  });
+}
+
+PyMethodDef sync_one_def{"sync_one", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&sync_one)),
+                         METH_FASTCALL,
+                         "sync_one(engine, target_hostname, opcode, buffer, peer_address, length, base_timeout, "
+                         "timeout_per_byte): Engine.transfer_named of one request given as three ints, without "
+                         "a notification.  None when it completed; else transfer_named's tuple."};
+
+}  // namespace
+
+void init_fast_calls(pyb::module_& m) {
+  PyObject* sync_one_fn = PyCFunction_NewEx(&sync_one_def, nullptr, m.attr("__name__").ptr());
+  if (sync_one_fn == nullptr) throw pyb::error_already_set();
+  m.add_object("sync_one", pyb::reinterpret_steal<pyb::object>(sync_one_fn));
 }
 
 }  // namespace tide::py

@@ -41,4 +41,7 @@ double float_argument(PyObject* arg, const char* what);
 /// Argument `what` as a C int.
 int int_argument(PyObject* arg, const char* what);
 
+/// Adds the module's METH_FASTCALL functions (sync_one).
+void init_fast_calls(pybind11::module_& m);
+
 }  // namespace tide::py

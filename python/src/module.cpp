@@ -1,7 +1,9 @@
 // tide._tide: the one extension that includes tide's headers.  Python's
 // tide package (tide/*.py) builds the public API over it.
+#include "buffers.hpp"
 #include "completion.hpp"
 #include "errors.hpp"
+#include "fast_call.hpp"
 
 #include <pybind11/stl.h>
 
@@ -16,7 +18,9 @@ PYBIND11_MODULE(_tide, m) {
   m.attr("__version__") = TIDE_VERSION;
   tide::py::init_errors(m);
   tide::py::init_module_functions(m);
+  tide::py::init_buffers(m);
   tide::py::init_engine(m);
+  tide::py::init_fast_calls(m);
   pyb::class_<tide::py::completion_queue, std::shared_ptr<tide::py::completion_queue>>(
       m, "CompletionQueue", "An eventfd that watched batches signal when final (asyncio's add_reader).")
       .def(pyb::init<>())

@@ -1,6 +1,5 @@
-// tide._tide's functions that need no engine: a buffer-protocol object's
-// address, copies in and out of registered memory, this host's RDMA
-// topology, the policy sets built in.
+// tide._tide's functions that need no engine and no buffer: this host's
+// RDMA topology, the policy sets built in.
 #include "engine_iface.hpp"
 #include "errors.hpp"
 
@@ -12,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,20 +18,6 @@ namespace tide::py {
 namespace pyb = pybind11;
 
 namespace {
-
-/// The address, size and writability of a C-contiguous buffer-protocol object
-/// (tide.Engine.register keeps a memoryview of it exported while registered).
-pyb::tuple buffer_address(const pyb::object& obj) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw pyb::error_already_set();
-  const bool contiguous = PyBuffer_IsContiguous(&view, 'C') != 0;
-  const auto addr = reinterpret_cast<std::uintptr_t>(view.buf);
-  const auto len = static_cast<std::size_t>(view.len);
-  const bool readonly = view.readonly != 0;
-  PyBuffer_Release(&view);
-  if (!contiguous) throw pyb::value_error("the buffer is not C-contiguous: register a contiguous copy");
-  return pyb::make_tuple(addr, len, readonly);
-}
 
 std::string local_topology(const std::vector<std::string>& devices, const std::string& sysfs_root) {
   std::vector<topology::hca_info> hcas;
@@ -54,9 +38,6 @@ std::string local_topology(const std::vector<std::string>& devices, const std::s
 }  // namespace
 
 void init_module_functions(pyb::module_& m) {
-  m.def("buffer_address", &buffer_address, pyb::arg("obj"),
-        "(address, nbytes, readonly) of a C-contiguous buffer-protocol object.  Raises TypeError (no buffer "
-        "protocol), ValueError (not C-contiguous).");
   m.def("local_topology", &local_topology, pyb::arg("devices"), pyb::arg("sysfs_root") = "/sys",
         "The priority matrix of this host's RDMA devices (Mooncake's JSON), limited to `devices` when not empty.");
   m.def(
@@ -73,23 +54,6 @@ void init_module_functions(pyb::module_& m) {
         return out;
       },
       "The policy sets this module is built with: (name, 'eviction / shard hash / idle / path', backends).");
-  m.def(
-      "copy_in",
-      [](std::uintptr_t addr, const pyb::buffer& data, std::size_t length) {
-        pyb::buffer_info info = data.request();
-        if (static_cast<std::size_t>(info.size * info.itemsize) < length)
-          throw pyb::value_error("copy_in: " + std::to_string(length) + " bytes asked, the data has " +
-                                 std::to_string(info.size * info.itemsize));
-        std::memcpy(as_pointer(addr), info.ptr, length);
-      },
-      pyb::arg("addr"), pyb::arg("data"), pyb::arg("length"),
-      "memcpy of `length` bytes of `data` to `addr` (the caller checked the range).");
-  m.def(
-      "copy_out",
-      [](std::uintptr_t addr, std::size_t length) {
-        return pyb::bytes(static_cast<const char*>(as_pointer(addr)), length);
-      },
-      pyb::arg("addr"), pyb::arg("length"), "`length` bytes at `addr` as bytes (the caller checked the range).");
 }
 
 }  // namespace tide::py

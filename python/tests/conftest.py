@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,50 @@ def pattern(seed: int, n: int) -> bytes:
     import numpy as np
 
     return ((np.arange(n, dtype=np.uint64) * 2654435761 + seed * 40503) >> 7).astype(np.uint8).tobytes()
+
+
+def wait_until(predicate, what: str, tries: int = 600, pause: float = 0.1):
+    """Polls `predicate` until it is true (at most `tries` times, `pause` s
+    apart: a bound on a state the code guarantees to reach, not a timing
+    assertion); fails naming `what` otherwise."""
+    for _ in range(tries):
+        if predicate():
+            return
+        time.sleep(pause)
+    pytest.fail(f"never reached: {what}")
+
+
+class LinkLoss:
+    """100% loss (netem) on the veths of the RDMA devices while on: nothing
+    crosses the wire, so posted WRs neither complete nor fail until their
+    QP's retries run out (qp_timeout x qp_retry_cnt)."""
+
+    def __init__(self, netdevs) -> None:
+        self.netdevs = netdevs
+        self.active = False
+
+    def on(self) -> None:
+        for d in self.netdevs:
+            subprocess.run(["tc", "qdisc", "add", "dev", d, "root", "netem", "loss", "100%"], check=True)
+        self.active = True
+
+    def off(self) -> None:
+        if self.active:
+            for d in self.netdevs:
+                subprocess.run(["tc", "qdisc", "del", "dev", d, "root"], check=False)
+        self.active = False
+
+
+@pytest.fixture
+def link_loss(devices):
+    """LinkLoss over the test's devices; skips outside tools/rxe-vm (it needs
+    the VM's veths, tc and root) or in a VM already shaped."""
+    netdevs = sorted({os.environ.get(f"RXE_VM_NETDEV_{d}", "") for d in devices[:2]})
+    if "" in netdevs or os.geteuid() != 0 or shutil.which("tc") is None:
+        pytest.skip("needs tools/rxe-vm (RXE_VM_NETDEV_<dev>), root and tc")
+    for shaped in ("RXE_VM_LOSSES", "RXE_VM_RATES", "RXE_VM_DELAYS"):
+        if os.environ.get(shaped, "-").strip("- "):
+            pytest.skip(f"needs a VM without --loss/--rate/--delay ({shaped})")
+    loss = LinkLoss(netdevs)
+    yield loss
+    loss.off()

@@ -7,7 +7,8 @@ It registers NBLOCKS numpy blocks of BLOCK bytes, prints {"segment", "blocks"}
 (one JSON line), then answers commands on stdin: fill (a pattern into every
 block), digest (which blocks hold which pattern), notifies, notifies_then_digest,
 push (TransferEngine mode: WRITE a pattern from block 0 to another segment with a
-notification, as a prefill node does), quit.
+notification, as a prefill node does), reregister (TransferEngine mode: unregister
+and register every block again), quit.
 """
 import importlib
 import json
@@ -39,6 +40,11 @@ def main():
             return 1
         out(segment=f"127.0.0.1:{te.get_rpc_port()}", blocks=addrs)
         notifies = lambda: [[n.name, n.msg] for n in te.get_notifies()]  # noqa: E731
+
+        def reregister(cmd):
+            # What a node that rebuilds its KV pool does: WRITEs in flight to the old
+            # registration fail (remote access error), later ones find the new one.
+            return (te.batch_unregister_memory(addrs), te.batch_register_memory(addrs, [block] * nblocks))
 
         def push(cmd):
             arena[:block] = np.frombuffer(pattern(cmd["seed"], block), np.uint8)
@@ -76,6 +82,8 @@ def main():
             out(ok=True)
         elif cmd["cmd"] == "push":
             out(rc=push(cmd))
+        elif cmd["cmd"] == "reregister":
+            out(rc=list(reregister(cmd)))
         elif cmd["cmd"] == "notifies":
             out(notifies=notifies())
         elif cmd["cmd"] == "notifies_then_digest":

@@ -194,3 +194,156 @@ def test_stub_signatures_match_the_docstrings():
             assert _doc_params(real) == names, f"{fn.name}: stub {names} vs {_doc_params(real)}"
             checked += 1
     assert checked >= 25
+
+
+def test_copy_in_needs_a_c_contiguous_buffer():
+    # Review 1ab3d99 #15: a strided view was read as if contiguous, from its first
+    # element on (memoryview(b)[::-1] read forward past the end of b).
+    dst = bytearray(8)
+    addr = _tide.buffer_address(dst)[0]
+    with pytest.raises(ValueError, match=r"not C-contiguous \(shape \(8\), strides \(-1\)\)"):
+        _tide.copy_in(addr, memoryview(b"abcdefgh")[::-1], 8)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _tide.copy_in(addr, memoryview(b"abcdefghabcdefgh")[::2], 8)
+    assert dst == bytearray(8)  # nothing copied
+    _tide.copy_in(addr, memoryview(b"abcdefgh")[2:6], 4)
+    assert dst == bytearray(b"cdef\0\0\0\0")
+    with pytest.raises(ValueError, match="8 bytes asked, the data has 4"):
+        _tide.copy_in(addr, b"abcd", 8)
+
+
+def test_tide_config_names_the_metadata_backend(tmp_path, monkeypatch):
+    # Review 1ab3d99 #20: the backend was chosen from the keyword arguments alone, then
+    # TIDE_CONFIG set metadata to etcd: a p2p engine holding an etcd connection string.
+    cfg = tmp_path / "tide.json"
+    cfg.write_text(json.dumps({"metadata": "etcd://127.0.0.1:1"}))
+    monkeypatch.setenv("TIDE_CONFIG", str(cfg))
+    with pytest.raises(ValueError, match='p2p metadata only, not "etcd://127.0.0.1:1"'):
+        tide.Engine(policies="cq_event")  # a set built with p2p metadata only
+    with pytest.raises(ValueError, match="p2p metadata only"):
+        _tide.Engine("{}", "lru")
+    # The keyword still counts where TIDE_CONFIG does not name the backend.
+    monkeypatch.delenv("TIDE_CONFIG")
+    with pytest.raises(ValueError, match='not "http://127.0.0.1:1/m"'):
+        tide.Engine(policies="round_robin", metadata="http://127.0.0.1:1/m")
+
+
+def test_registered_ranges_are_found_by_bisect():
+    from tide._mooncake import _Ranges
+
+    r = _Ranges()
+    for base in (0x5000, 0x1000, 0x3000):
+        r.add(base, 0x1000)
+    assert r.covers(0x1000, 0x1000) and r.covers(0x3800, 0x800) and r.covers(0x5fff, 1)
+    assert not r.covers(0x2000, 1) and not r.covers(0xfff, 1) and not r.covers(0x3800, 0x801)
+    assert not r.covers(0x6000, 1) and r.covers(0x6000, 0)
+    r.remove(0x3000)
+    assert not r.covers(0x3000, 1) and r.covers(0x5000, 16)
+    r.remove(0x3000)  # twice: nothing
+
+
+class _FakeNative:
+    """What tide.Engine's Python calls of _tide.Engine, without a device: batch ids
+    final at once unless listed in `running`."""
+
+    def __init__(self):
+        self.closed = False
+        self.released, self.running, self.parked, self.watched, self.forgotten = [], set(), set(), {}, []
+
+    def release(self, batch_id):
+        self.released.append(batch_id)
+        if batch_id in self.running:
+            self.parked.add(batch_id)
+            return False
+        return True
+
+    def orphans(self):
+        self.parked -= {b for b in self.parked if b not in self.running}
+        return list(self.parked)
+
+    def watch(self, batch_id, queue):
+        self.watched[batch_id] = queue
+
+    def unwatch(self, batch_id):
+        self.watched.pop(batch_id, None)
+
+    def batch_status(self, batch_id):
+        return (2, 0, 0, "", "")
+
+    def task_status(self, batch_id, task):
+        return (2, 0, 0, "", "")
+
+    def forget_queue(self, queue):
+        self.forgotten.append(queue.fileno())  # not the queue: the engine lets it go
+        for b in [b for b, q in self.watched.items() if q is queue]:
+            del self.watched[b]
+
+
+def _fake_engine():
+    import threading
+    import weakref
+
+    eng = object.__new__(tide.Engine)
+    eng._native = _FakeNative()
+    eng._lock = threading.Lock()
+    eng._closing = False
+    eng._registrations, eng._orphans = {}, {}
+    eng._batches = weakref.WeakValueDictionary()
+    eng._loops = weakref.WeakKeyDictionary()
+    return eng
+
+
+def test_a_batch_dropped_without_free_is_released():
+    # The issue's loop `eng.submit(reqs).result()`: every Batch was kept (Engine._batches held it,
+    # and it had no finalizer), so allocate failed after max_batches.
+    eng = _fake_engine()
+    for i in range(1, 101):
+        tide.Batch(eng, i, [])  # dropped at once
+    assert eng._native.released == list(range(1, 101))
+    # One still running when dropped: cancelled and parked by the engine, its refs kept
+    # until the engine has freed it.
+    eng._native.running.add(500)
+    refs = [object()]
+    batch = tide.Batch(eng, 500, [])
+    batch._refs.extend(refs)
+    del batch
+    assert eng._orphans == {500: refs}
+    eng._reap()
+    assert 500 in eng._orphans  # still running
+    eng._native.running.clear()
+    eng._reap()
+    assert eng._orphans == {}
+    # free() and ``with`` detach the finalizer: released once, by them.
+    b = tide.Batch(eng, 600, [])
+    b._forget()
+    del b
+    assert 600 not in eng._native.released
+
+
+def test_asyncio_run_per_call_keeps_one_watcher(monkeypatch):
+    # Review 1ab3d99 #5: each event loop that awaited a batch kept its watcher, eventfd and
+    # the loop itself until Engine.close().
+    import asyncio
+    import gc
+    import os
+
+    from tide import _aio
+
+    monkeypatch.setattr(_aio, "_EXPIRY_TICK", 0.001)  # the stand-in's batches are final at the first tick
+    eng = _fake_engine()
+
+    async def one(i):
+        await tide.Batch(eng, i, []).wait_async(30)
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    asyncio.run(one(1))
+    before = fds()
+    for i in range(2, 152):
+        asyncio.run(one(i))
+    gc.collect()
+    assert fds() <= before
+    assert len(eng._loops) <= 1
+    assert len(eng._native.forgotten) >= 149  # the engine was told to stop calling each queue
+    assert eng._native.watched == {}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tide
-from conftest import pattern
+from conftest import pattern, wait_until
 
 NBLOCKS, BLOCK = 8, 64 << 10
 
@@ -89,18 +89,29 @@ def test_transfer_past_its_timeout_is_drained_and_raises(engine, target):
     assert target.ask(cmd="digest", seeds=[6] * NBLOCKS)["found"][2] == 6
 
 
-def test_batch_status_cancel_and_free(engine, target):
-    seg = engine.open(target.hello["segment"])
-    ids = target.hello["ids"]
-    src = engine.register(np.zeros(BLOCK, np.uint8))
-    batch = engine.submit([tide.write(src, seg, ids[i]) for i in range(NBLOCKS)] * 8)
-    batch.cancel()
-    tasks = batch.wait(60)
-    assert all(t.state.final for t in tasks)
-    assert {t.state for t in tasks} <= {tide.State.COMPLETED, tide.State.CANCELED}
-    batch.free()
-    with pytest.raises(tide.LocalError):
-        batch.status()  # freed: unknown_batch
+def test_cancel_ends_unfinished_tasks_canceled_and_writes_nothing(devices, target, link_loss):
+    # Review 1ab3d99 #21: this case accepted COMPLETED or CANCELED, so a cancel() that did
+    # nothing passed.  Under 100% loss nothing can complete, and only the cancel ends the
+    # tasks before their transfer_timeout (which would make them TIMEOUT).
+    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], transfer_timeout_ms=60000) as eng:
+        seg = eng.open(target.hello["segment"])
+        ids = target.hello["ids"]
+        src = eng.register(np.frombuffer(pattern(3, BLOCK), np.uint8).copy())
+        assert eng.transfer([tide.write(src, seg, ids[0])], timeout=60) == BLOCK  # the endpoint is up
+        target.ask(cmd="zero")
+        link_loss.on()
+        batch = eng.submit([tide.write(src, seg, ids[i % NBLOCKS]) for i in range(64)])
+        wait_until(lambda: batch.telemetry()["first_post_s"] is not None, "the batch posted")
+        batch.cancel()
+        tasks = batch.wait(50)
+        assert {t.state for t in tasks} == {tide.State.CANCELED}
+        assert all(t.reason == "canceled" for t in tasks)
+        link_loss.off()
+        batch.free()
+        with pytest.raises(tide.LocalError):
+            batch.status()  # freed: unknown_batch
+        # Final, so nothing of it can still arrive: the peer's blocks are as zeroed.
+        assert target.ask(cmd="digest", seeds=[3] * NBLOCKS)["found"] == [None] * NBLOCKS
 
 
 def test_asyncio_awaits_many_batches(engine, target):

@@ -188,16 +188,29 @@ def test_bad_input_gets_its_sentinel(prefill, decode):
 
 @pytest.mark.skipif(MODULE != "tide", reason="Mooncake dereferences stale, repeated and zero ids (its quirk Q6)")
 def test_stale_repeated_and_zero_batch_ids(prefill, decode):
+    # Review 1ab3d99 #21: each id must reach the engine's own generation check (unknown_batch),
+    # not be stopped by a table in Python first.
     seg, remote = decode.hello["segment"], decode.hello["blocks"]
     arena, addrs = kv_blocks(prefill, n=2, seed=11)
     bid = prefill.batch_transfer_async_write(seg, addrs[:1], remote[:1], [BLOCK])
     assert prefill.get_batch_transfer_status([bid]) == 0
     assert prefill.get_batch_transfer_status([bid]) == -1  # freed by the first call
+    assert "unknown_batch" in prefill.last_error
     assert prefill.get_batch_transfer_status([0]) == -1
+    assert "unknown_batch" in prefill.last_error
     assert prefill.transfer_check_status(bid) == -1
+    assert "unknown_batch" in prefill.last_error
+    # A stale id whose slot holds a live batch now: the generation tells them apart, and the
+    # live batch is untouched.
+    live = prefill.batch_transfer_async_write(seg, addrs[:1], remote[:1], [BLOCK])
+    assert live != bid
+    assert prefill.get_batch_transfer_status([bid]) == -1 and "unknown_batch" in prefill.last_error
+    assert prefill.get_batch_transfer_status([live]) == 0
     b2 = prefill.batch_transfer_async_write(seg, addrs[1:], remote[1:], [BLOCK])
     assert prefill.get_batch_transfer_status([b2, b2]) == -1  # the repeat is refused, the batch still waited and freed
+    assert "given twice" in prefill.last_error
     assert prefill.transfer_check_status(b2) == -1
+    assert "unknown_batch" in prefill.last_error
 
 
 @pytest.mark.skipif(MODULE != "tide", reason="tide's native entry point under tide.TransferEngine")
@@ -229,7 +242,7 @@ def test_named_transfer_bad_input(prefill, decode):
     with pytest.raises(TypeError, match="buffers"):
         native.transfer_named(seg, 1, [float(addrs[0])], remote[:1], [BLOCK], 5.0, 0.0)
     with pytest.raises(TypeError, match="sequence"):
-        native.submit_named(seg, 1, addrs[0], remote[0], BLOCK)
+        native.submit_named(seg, 1, addrs[0], remote[0], BLOCK, 5.0, 0.0)
     # sync_one (transfer_sync_write / _read's): the same run for one request as three ints, a plain
     # C function with its own argument checks.
     from tide import _tide
@@ -266,8 +279,9 @@ def test_named_transfer_bad_input(prefill, decode):
         prefill.transfer_sync_write(None, addrs[0], remote[0], BLOCK)
     with pytest.raises(TypeError, match="^length must be an int"):
         prefill.transfer_sync_read(seg, addrs[0], remote[0], "4096")
-    bid, nbytes = native.submit_named(seg, 0, addrs, remote[:2], [BLOCK, BLOCK])
-    assert nbytes == 2 * BLOCK
+    bid = native.submit_named(seg, 0, addrs, remote[:2], [BLOCK, BLOCK], 5.0, 0.0)
     native.wait(bid, 5.0)
     assert native.batch_status(bid)[0] == 2  # COMPLETED
-    native.free_batch(bid)
+    assert native.finish_named(bid) is None  # frees it
+    with pytest.raises(tide.Error, match="unknown_batch"):
+        native.finish_named(bid)

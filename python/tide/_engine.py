@@ -113,6 +113,14 @@ class Registration:
         self._view = None
         self.obj = None
 
+    def _released(self) -> None:
+        """The engine that registered it is gone: let the buffer go."""
+        self._live = False
+        if self._view is not None:
+            self._view.release()
+        self._view = None
+        self.obj = None
+
     @property
     def registered(self) -> bool:
         return self._live
@@ -214,9 +222,13 @@ def read(local, segment: Segment, buffer_id: Optional[int] = None, offset: int =
 
 
 class Batch:
-    """Submitted requests.  Keeps their Registrations until every task is final;
-    :meth:`free` (or leaving ``with``) releases it.  ``await batch`` waits
-    without blocking the event loop (no thread per await)."""
+    """Submitted requests.  Keeps their Registrations until every task is final.
+    Leaving ``with`` finishes it (waits; on an exception cancels first; then
+    frees); :meth:`free` frees a final one; a Batch dropped without either is
+    freed once final (cancelled first when still running), so nothing leaks
+    whatever ``max_batches`` is.  ``await batch`` waits without blocking the
+    event loop (no thread per await).  One thread at a time per batch; its
+    status calls are safe from any thread."""
 
     def __init__(self, engine: "Engine", batch_id: int, requests: Sequence[Request]) -> None:
         self._engine = engine
@@ -224,6 +236,10 @@ class Batch:
         self.size = len(requests)
         self._refs = [r.local for r in requests if isinstance(r.local, Registration)]
         self._freed = False
+        # Refers to the native engine, the id and the refs, never to self: it
+        # runs when the Batch is collected without free() or ``with``.
+        self._finalizer = weakref.finalize(self, _drop_batch, engine._native, batch_id, self._refs, engine._orphans)
+        self._finalizer.atexit = False  # the engine's own close ends every batch at exit
 
     def status(self) -> TaskStatus:
         """The batch's roll-up: PENDING while any task runs, else COMPLETED or the first failure."""
@@ -240,7 +256,8 @@ class Batch:
     def wait(self, timeout: Optional[float] = None) -> List[TaskStatus]:
         """Blocks (GIL released, Ctrl-C works) until every task is final, then
         returns their statuses.  Raises TransferTimeout when `timeout` seconds
-        pass first (the tasks keep running; cancel() or wait again)."""
+        pass first (the tasks keep running; cancel() or wait again), ValueError
+        for a timeout that is not a finite number."""
         self._engine._core().wait(self.id, -1.0 if timeout is None else float(timeout))
         return self.tasks()
 
@@ -264,13 +281,38 @@ class Batch:
         self._engine._core().cancel(self.id)
 
     def free(self) -> None:
-        """Releases the batch (idempotent).  Raises batch_busy while tasks run."""
+        """Releases the batch (idempotent; after Engine.close() it does nothing).
+        Raises batch_busy while tasks run."""
         if self._freed:
             return
-        self._engine._core().free_batch(self.id)
+        try:
+            self._engine._core().free_batch(self.id)
+        except EngineClosed:
+            pass  # close() ended it with the engine
+        self._forget()
+
+    def _forget(self, parked: bool = False) -> None:
+        """The batch is freed (or parked by the engine, ``parked``): drop it."""
+        if parked:
+            self._engine._orphans[self.id] = self._refs  # kept until the engine frees it
         self._freed = True
+        self._finalizer.detach()
         self._refs = []
         self._engine._batches.pop(self.id, None)
+
+    def _finish(self, cancel: bool) -> None:
+        """The engine's finish: wait (cancel first when `cancel`), drain within
+        transfer_timeout + 10 s, free; a batch not final by then, or on Ctrl-C,
+        is parked with its registrations until it is."""
+        try:
+            *_, leaked = self._engine._core().finish(self.id, 0.0 if cancel else -1.0)
+        except EngineClosed:
+            self._forget()
+            return
+        except BaseException:
+            self._forget(parked=True)
+            raise
+        self._forget(parked=leaked)
 
     async def wait_async(self, timeout: Optional[float] = None) -> List[TaskStatus]:
         """wait() for asyncio: the loop is woken by the engine (an eventfd) when
@@ -287,12 +329,8 @@ class Batch:
         return self
 
     def __exit__(self, exc_type, *rest) -> None:
-        if self._engine.closed or self._freed:
-            return
-        if exc_type is not None:
-            self.cancel()
-        self._engine._core().wait(self.id, -1.0)
-        self.free()
+        if not self._freed:
+            self._finish(cancel=exc_type is not None)
 
     def __repr__(self) -> str:
         try:
@@ -302,44 +340,61 @@ class Batch:
         return f"<tide.Batch id=0x{self.id:x} tasks={self.size} {state}>"
 
 
+def _drop_batch(native, batch_id: int, refs: List[Registration], orphans: Dict[int, List[Registration]]) -> None:
+    """A Batch collected without free() or ``with``: freed now when final, else
+    cancelled and parked by the engine, its registrations kept until then."""
+    try:
+        if not native.release(batch_id):
+            orphans[batch_id] = refs
+    except TideError:
+        pass  # closed: the engine's teardown ended it
+
+
 class Engine:
     """A tide transfer engine.  Keyword arguments are ``engine_config``'s fields
     (``local_server_name``, ``metadata``, ``devices``, ``transfer_timeout_ms``,
-    ...; the TIDE_* environment still overrides them).  ``policies`` names a
+    ...; the TIDE_* environment and TIDE_CONFIG still override them, and the
+    metadata backend is the one the result names).  ``policies`` names a
     compiled policy set (:func:`tide.policy_sets`).  Thread-safe."""
 
     def __init__(self, *, policies: str = "default", **config: Any) -> None:
-        metadata = str(config.get("metadata", "P2PHANDSHAKE"))
-        kind = "etcd" if metadata.startswith(("etcd://", "etcds://")) else "http" if metadata.startswith(
-            ("http://", "https://")) else "p2p"
-        self._native = _tide.Engine(json.dumps(config), policies, kind)
-        self._lock = threading.Lock()
+        self._native = _tide.Engine(json.dumps(config), policies)
+        self._lock = threading.Lock()  # the tables and _closing; never held across a native call
+        self._close_lock = threading.Lock()  # one close() at a time, for its whole length
+        self._closing = False
         self._registrations: Dict[int, Registration] = {}
-        self._batches: Dict[int, Batch] = {}
-        self._loops: Dict[Any, Any] = {}  # event loop -> _aio watcher
+        self._batches: "weakref.WeakValueDictionary[int, Batch]" = weakref.WeakValueDictionary()
+        self._orphans: Dict[int, List[Registration]] = {}  # batch id -> refs, while the engine has it parked
+        # event loop -> _aio watcher; weak, so that a loop collected takes its watcher with it
+        self._loops: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
         self._finalizer = weakref.finalize(self, _close_native, self._native)
 
     # -- lifetime --
     def close(self) -> None:
-        """Cancels and drains every batch, unregisters every buffer, stops the
-        engine (idempotent, any thread)."""
-        if self._native.closed:
-            return
-        for batch in list(self._batches.values()):
-            try:
-                batch.cancel()
-                self._native.wait(batch.id, 30.0)
-                batch.free()
-            except TideError:
-                pass
-        for reg in reversed(list(self._registrations.values())):
-            try:
-                reg.unregister(InFlight.CANCEL)
-            except TideError:
-                pass
-        for watcher in list(self._loops.values()):
-            watcher.close()
-        self._finalizer()
+        """Cancels every batch and waits for them with one deadline, stops the
+        engine, and returns once it is destroyed (calls still running on other
+        threads end first: waits within 100 ms, transfers once cancelled);
+        then releases every registration's buffer (idempotent, any thread).
+        Calls made meanwhile raise EngineClosed."""
+        with self._close_lock:
+            with self._lock:
+                if self._native.closed:
+                    return
+                self._closing = True
+                batches = list(self._batches.values())
+                regs = list(self._registrations.values())
+            for watcher in list(self._loops.values()):
+                watcher.close()
+            self._native.close([b.id for b in batches if not b._freed])
+            self._finalizer.detach()
+            # The engine is gone: no DMA can reach these buffers any more.
+            for batch in batches:
+                batch._forget()
+            self._orphans.clear()
+            for reg in regs:
+                reg._released()
+            with self._lock:
+                self._registrations.clear()
 
     @property
     def closed(self) -> bool:
@@ -356,9 +411,28 @@ class Engine:
             raise EngineClosed(code_of("not_initialized"), "the engine is closed")
         return self._native
 
+    def _live(self):
+        """_core() for a call that starts something: refused once close() began."""
+        with self._lock:
+            if self._closing:
+                raise EngineClosed(code_of("not_initialized"), "the engine is closed")
+        return self._core()
+
     def _forget(self, reg: Registration) -> None:
         with self._lock:
             self._registrations.pop(reg.address, None)
+
+    def _reap(self) -> None:
+        """Drops the refs of parked batches the engine has freed since."""
+        if not self._orphans:
+            return
+        try:
+            parked = set(self._native.orphans())
+        except TideError:
+            return
+        for batch_id in list(self._orphans):
+            if batch_id not in parked:
+                self._orphans.pop(batch_id, None)
 
     @property
     def segment_name(self) -> str:
@@ -377,7 +451,7 @@ class Engine:
         without copying.  `readonly` publishes it REMOTE_READ and refuses it as
         a READ's destination.  Raises TypeError (no buffer), BufferError (a
         read-only buffer without readonly=True), ValueError (layout, device,
-        zero length, overlap)."""
+        zero length, overlap), EngineClosed (also when close() ran meanwhile)."""
         view = None
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
@@ -389,21 +463,32 @@ class Engine:
             obj = (obj, obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage())
         else:
             view = memoryview(obj)  # TypeError without the buffer protocol
-            address, nbytes, ro = _tide.buffer_address(view)
+            try:
+                address, nbytes, ro = _tide.buffer_address(view)
+            except BaseException:
+                view.release()
+                raise
             if ro and not readonly:
                 view.release()
                 raise BufferError("the buffer is read-only: pass readonly=True to publish it for remote READs only")
         if access is None:
             access = Access.REMOTE_READ if readonly else Access.REMOTE_READ_WRITE
         try:
-            buffer_id = self._core().register_memory(address, nbytes, location, int(access))
+            buffer_id = self._live().register_memory(address, nbytes, location, int(access))
         except BaseException:
             if view is not None:
                 view.release()
             raise
         reg = Registration(self, obj, address, nbytes, ro or readonly, view, access, buffer_id)
         with self._lock:
-            self._registrations[address] = reg
+            late = self._closing
+            if not late:
+                self._registrations[address] = reg
+        if late:
+            # close() began while this registered and does not know it: the
+            # engine is destroyed with it (no batch can use it), so let it go.
+            reg._released()
+            raise EngineClosed(code_of("not_initialized"), "the engine was closed while registering")
         return reg
 
     def allocate(self, nbytes: int, location: str = "*") -> Registration:
@@ -418,7 +503,7 @@ class Engine:
     # -- segments --
     def open(self, segment: str) -> Segment:
         """Opens a peer's segment by name (p2p: "host:port")."""
-        return Segment(self, segment, self._core().open_segment(segment))
+        return Segment(self, segment, self._live().open_segment(segment))
 
     def probe(self, segment: str, timeout: float = 1.0) -> None:
         """Raises unless the engine behind `segment` answers within `timeout` s
@@ -434,15 +519,17 @@ class Engine:
         engine's segment name, the authenticated identity with a secret)."""
         reqs = list(requests)
         native = [r._native() for r in reqs]
-        core = self._core()
+        core = self._live()
+        self._reap()
         bid = core.allocate_batch(max(1, len(reqs)))
         try:
             core.submit(bid, native, None if notify is None else (sender, notify))
         except BaseException:
-            core.free_batch(bid)
+            core.release(bid)  # nothing was submitted: freed at once
             raise
         batch = Batch(self, bid, reqs)
-        self._batches[bid] = batch
+        with self._lock:
+            self._batches[bid] = batch
         return batch
 
     def transfer(self, requests: Iterable[Request], timeout: Optional[float] = None, notify: Optional[str] = None,
@@ -450,16 +537,21 @@ class Engine:
         """submit(), wait, free; returns the bytes moved or raises the first error.
         Past `timeout` seconds the batch is canceled and drained, then
         TransferTimeout is raised: no DMA of it touches the buffers afterwards.
-        `notify` and `sender` as submit()'s."""
+        `notify` and `sender` as submit()'s.  ValueError for a timeout that is
+        not a finite number."""
         reqs = list(requests)
         if not reqs:
             return 0
         wait_s = 1e9 if timeout is None else float(timeout)
         note = None if notify is None else (sender, notify)
-        *status, timed_out = self._core().transfer([r._native() for r in reqs], wait_s, note)
+        native = [r._native() for r in reqs]
+        core = self._live()
+        self._reap()
+        *status, timed_out, leaked = core.transfer(native, wait_s, note)
         if timed_out:
-            raise class_for(code_of("timed_out"))(code_of("timed_out"), f"transfer unfinished after {wait_s} s "
-                                                                        "(canceled and drained)")
+            how = "not drained within transfer_timeout + 10 s: left to the engine" if leaked else "drained"
+            raise class_for(code_of("timed_out"))(code_of("timed_out"),
+                                                  f"transfer unfinished after {wait_s} s (canceled and {how})")
         s = TaskStatus._of(tuple(status))
         err = s.error()
         if err is not None:

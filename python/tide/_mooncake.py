@@ -22,19 +22,17 @@ logs its failures, printed to stderr (``TIDE_PY_QUIET=1`` silences it).
 """
 from __future__ import annotations
 
+import bisect
 import enum
-import mmap
 import os
 import sys
 import threading
-import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from . import _tide
-from ._engine import State, TaskStatus
+from ._engine import TaskStatus
 from .errors import TideError
 
-_COMPLETED = State.COMPLETED.value
 _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
 # The native runs of one sync call: one request as three ints (a plain C function: pybind11's
 # dispatcher would cost more than the rest of the call), or three lists (_sync).
@@ -134,10 +132,9 @@ class TransferEngine:
     def __init__(self) -> None:
         self._engine: Optional[_tide.Engine] = None
         self._timeout = _base_timeout_s()
-        self._lock = threading.Lock()  # segments, managed buffers, async ids; never held across a C++ call
-        self._managed: Dict[int, mmap.mmap] = {}
-        self._registered: Dict[int, int] = {}  # base address -> length (for the bytes-to-buffer range checks)
-        self._async: Dict[int, Tuple[float, int]] = {}  # batch id -> (submitted, bytes)
+        self._lock = threading.Lock()  # _initializing and the registered ranges; never held across a C++ call
+        self._initializing = False
+        self._registered = _Ranges()  # what write/read_bytes_*_buffer may touch
         self.last_error = ""
 
     # ---- errors ----
@@ -167,8 +164,6 @@ class TransferEngine:
                         ("protocol", protocol), ("device_name", device_name)):
             if not isinstance(v, str):
                 raise TypeError(f"initialize: {name} must be a str, got {type(v).__name__}")
-        if self._engine is not None:
-            return self._fail("initialize: already initialized")
         if protocol in _OTHER_TRANSPORTS:
             return self._fail(f"initialize: protocol {protocol!r} is not supported by tide (RDMA only)")
         server = metadata_server
@@ -189,10 +184,21 @@ class TransferEngine:
         }
         import json
 
+        with self._lock:  # threads racing initialize: one creates, the others get -1
+            busy = self._engine is not None or self._initializing
+            if not busy:
+                self._initializing = True
+        if busy:
+            return self._fail("initialize: already initialized")
         try:
-            self._engine = _tide.Engine(json.dumps(config), "default", kind)
+            engine = _tide.Engine(json.dumps(config), "default")
         except TideError as e:
             return self._fail(f"initialize: {e}")
+        finally:
+            with self._lock:
+                self._initializing = False
+        with self._lock:
+            self._engine = engine
         return 0
 
     def get_rpc_port(self) -> int:
@@ -214,7 +220,7 @@ class TransferEngine:
         except (TideError, _NotInitialized) as e:
             return self._fail(e, -7 if getattr(e, "name", "") == "already_registered" else -1)
         with self._lock:
-            self._registered[int(buffer_addr)] = int(capacity)
+            self._registered.add(int(buffer_addr), int(capacity))
         return 0
 
     def unregister_memory(self, buffer_addr: int, /) -> int:
@@ -225,7 +231,7 @@ class TransferEngine:
         except (TideError, _NotInitialized) as e:
             return self._fail(e)
         with self._lock:
-            self._registered.pop(int(buffer_addr), None)
+            self._registered.remove(int(buffer_addr))
         return 0
 
     def batch_register_memory(self, buffer_addresses: Sequence[int], capacities: Sequence[int],
@@ -240,7 +246,8 @@ class TransferEngine:
         except (TideError, _NotInitialized) as e:
             return self._fail(e, -7 if getattr(e, "name", "") == "already_registered" else -1)
         with self._lock:
-            self._registered.update(zip(addrs, caps))
+            for a, c in zip(addrs, caps):
+                self._registered.add(a, c)
         return 0
 
     def batch_unregister_memory(self, buffer_addresses: Sequence[int], /) -> int:
@@ -252,61 +259,56 @@ class TransferEngine:
         finally:
             with self._lock:
                 for a in addrs:
-                    self._registered.pop(a, None)
+                    self._registered.remove(a)
         return 0
 
     def allocate_managed_buffer(self, length: int, /) -> int:
-        """The address of `length` bytes of registered memory, or 0."""
+        """The address of `length` bytes of registered memory, or 0.  The engine
+        owns the pages: they are unmapped by free_managed_buffer, or once the
+        engine is gone, never while it may still use them."""
         if int(length) < 0:
             return self._fail(f"allocate_managed_buffer: negative length {length}", 0)
         try:
-            engine = self._need("allocate_managed_buffer")
-            block = mmap.mmap(-1, max(int(length), 1))
-            addr = _tide.buffer_address(block)[0]
-            engine.register_memory(addr, len(block), "*")
-        except (TideError, _NotInitialized, OSError) as e:
+            addr = self._need("allocate_managed_buffer").allocate_managed(int(length))
+        except (TideError, _NotInitialized) as e:
             return self._fail(f"allocate_managed_buffer: {e}", 0)
         with self._lock:
-            self._managed[addr] = block
-            self._registered[addr] = len(block)
+            self._registered.add(addr, max(int(length), 1))
         return addr
 
     def free_managed_buffer(self, buffer_addr: int, length: int, /) -> int:
-        """0; -1 for an address allocate_managed_buffer did not return."""
-        with self._lock:
-            block = self._managed.pop(int(buffer_addr), None)
-            self._registered.pop(int(buffer_addr), None)
-        if block is None:
-            return self._fail(f"free_managed_buffer: 0x{int(buffer_addr):x} is not a managed buffer")
+        """0; -1 for an address allocate_managed_buffer did not return, or when
+        transfers still using it did not drain (it then stays registered and
+        mapped: free it again later)."""
         try:
-            self._need("free_managed_buffer").unregister_memory(int(buffer_addr), 1)
+            self._need("free_managed_buffer").free_managed(int(buffer_addr))
         except (TideError, _NotInitialized) as e:
             return self._fail(e)
-        block.close()
+        with self._lock:
+            self._registered.remove(int(buffer_addr))
         return 0
 
     def _check_range(self, method: str, addr: int, length: int) -> None:
         if length < 0:
             raise ValueError(f"{method}: negative length {length}")
         with self._lock:
-            for base, size in self._registered.items():
-                if base <= addr and addr + length <= base + size:
-                    return
-        raise ValueError(f"{method}: [0x{addr:x}, +{length}) is not inside memory registered with this engine")
+            inside = self._registered.covers(addr, length)
+        if not inside:
+            raise ValueError(f"{method}: [0x{addr:x}, +{length}) is not inside memory registered with this engine")
 
     def write_bytes_to_buffer(self, dest_address: int, src_ptr, length: int, /) -> int:
         """Copies `length` bytes of `src_ptr` (bytes or str) to registered memory; 0."""
-        self._need("write_bytes_to_buffer")
+        engine = self._need("write_bytes_to_buffer")
         data = src_ptr.encode() if isinstance(src_ptr, str) else src_ptr
         self._check_range("write_bytes_to_buffer", int(dest_address), int(length))
-        _tide.copy_in(int(dest_address), data, int(length))
+        engine.copy_in(int(dest_address), data, int(length))  # the engine, so a managed block, stays meanwhile
         return 0
 
     def read_bytes_from_buffer(self, source_address: int, length: int, /) -> bytes:
         """`length` bytes of registered memory at `source_address`."""
-        self._need("read_bytes_from_buffer")
+        engine = self._need("read_bytes_from_buffer")
         self._check_range("read_bytes_from_buffer", int(source_address), int(length))
-        return _tide.copy_out(int(source_address), int(length))
+        return engine.copy_out(int(source_address), int(length))
 
     # ---- segments ----
     def get_first_buffer_address(self, segment_name: str, /) -> int:
@@ -341,7 +343,7 @@ class TransferEngine:
         return 0 if failed is None else self._failed(method, failed)
 
     def _failed(self, method, failed) -> int:
-        return self._fail(f"{method}: {_outcome(failed[:5], failed[6], failed[5])}")
+        return self._fail(f"{method}: {_outcome(failed)}")
 
     def _sync_lists(self, method, target_hostname, buffers, peer_addresses, lengths, opcode, notify) -> int:
         if not (len(buffers) == len(peer_addresses) == len(lengths)):
@@ -392,12 +394,11 @@ class TransferEngine:
             return self._fail(f"{method}: call initialize() first", 0)
         op = int(opcode if opcode is Write or opcode is Read else _opcode(opcode))
         try:
-            bid, nbytes = engine.submit_named(target_hostname, op, buffers, peer_addresses, lengths)
+            # The engine keeps the deadline (Mooncake's: now + base + 1 ns per byte) for finish_named.
+            return engine.submit_named(target_hostname, op, buffers, peer_addresses, lengths, self._timeout,
+                                       _WRITE_TIMEOUT_PER_BYTE_S)
         except TideError as e:
             return self._fail(f"{method}: {e}", 0)
-        with self._lock:
-            self._async[bid] = (time.monotonic(), nbytes)
-        return bid
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
                                    peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
@@ -422,58 +423,40 @@ class TransferEngine:
         return self._submit_async("transfer_submit_write", target_hostname, (buffer,), (peer_buffer_address,),
                                   (length,), Write)
 
-    def _take_async(self, batch_id: int) -> Optional[Tuple[float, int]]:
-        with self._lock:
-            return self._async.pop(int(batch_id), None)
-
     def get_batch_transfer_status(self, batch_ids: Sequence[int], /) -> int:
         """Waits for every batch (deadline from its submission), frees them all;
         0 when all completed, -1 when any failed, timed out or was not a live id."""
         ids = [int(b) for b in batch_ids]
-        if self._engine is None:
-            return self._fail("get_batch_transfer_status: call initialize() first")
         engine = self._engine
+        if engine is None:
+            return self._fail("get_batch_transfer_status: call initialize() first")
         result, seen = 0, set()
         for bid in ids:
             if bid in seen:
                 result = self._fail(f"get_batch_transfer_status: batch id 0x{bid:x} given twice")
                 continue
             seen.add(bid)
-            entry = self._take_async(bid)
-            if entry is None:
-                result = self._fail(f"get_batch_transfer_status: 0x{bid:x} is not a live batch id")
-                continue
-            submitted, nbytes = entry
-            left = submitted + self._timeout + _WRITE_TIMEOUT_PER_BYTE_S * nbytes - time.monotonic()
             try:
-                state = _wait_final(engine, bid, max(left, 0.0))
+                failed = engine.finish_named(bid)
             except TideError as e:
-                state = str(e)
-            _drain_and_free(engine, bid)
-            if state != "ok":
-                result = self._fail(f"get_batch_transfer_status: 0x{bid:x}: {state}")
+                result = self._fail(f"get_batch_transfer_status: 0x{bid:x}: {e}")
+                continue
+            if failed is not None:
+                result = self._fail(f"get_batch_transfer_status: 0x{bid:x}: {_outcome(failed)}")
         return result
 
     def transfer_check_status(self, batch_id: int, /) -> int:
         """1 done, 0 pending, -1 failed (or not a live id), -2 timed out; a final
         batch is freed, the -2 one too (it is final in tide: nothing leaks)."""
-        bid = int(batch_id)
-        if self._engine is None:
+        engine = self._engine
+        if engine is None:
             return self._fail("transfer_check_status: call initialize() first")
-        with self._lock:
-            live = bid in self._async
-        if not live:
-            return self._fail(f"transfer_check_status: 0x{bid:x} is not a live batch id")
         try:
-            state, _, reason, _, _ = self._engine.batch_status(bid)
+            state = engine.poll_named(int(batch_id))[0]
         except TideError as e:
-            self._take_async(bid)
-            return self._fail(f"transfer_check_status: {e}")
+            return self._fail(f"transfer_check_status: 0x{int(batch_id):x}: {e}")
         if state < 2:
             return 0
-        if self._take_async(bid) is None:
-            return self._fail(f"transfer_check_status: 0x{bid:x} was taken by another call")
-        _drain_and_free(self._engine, bid)
         if state == 2:
             return 1
         return -2 if state == 4 else -1
@@ -526,17 +509,14 @@ class TransferEngine:
     batch_transfer_read_on_cuda = _no_gpu
 
     def close(self) -> None:
-        """tide's addition: stops the engine now (Mooncake's stops with the object)."""
-        engine, self._engine = self._engine, None
+        """tide's addition: stops the engine now (Mooncake's stops with the object).
+        Returns once the engine is destroyed (another thread's call ends first);
+        the managed buffers are unmapped with it."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+            self._registered = _Ranges()
         if engine is not None:
             engine.close()
-        with self._lock:
-            for block in self._managed.values():
-                try:
-                    block.close()
-                except BufferError:
-                    pass
-            self._managed.clear()
 
     def __del__(self) -> None:
         engine = getattr(self, "_engine", None)
@@ -567,38 +547,40 @@ def _host_part(name: str) -> str:
     return name
 
 
-def _wait_final(engine, bid: int, timeout_s: float) -> str:
-    """"ok" when every task completed; else why not.  Past the timeout the
-    batch is canceled and drained (final) before this returns."""
-    try:
-        engine.wait(bid, timeout_s)
-    except TideError as e:
-        if e.name != "timed_out":
-            raise
-        engine.cancel(bid)
-        engine.wait(bid, -1.0)  # posted WRs complete or flush: bounded by the QP's retry timeout
-        return _outcome(engine.batch_status(bid), timeout_s, True)
-    return _outcome(engine.batch_status(bid), timeout_s, False)
-
-
-def _outcome(status, timeout_s: float, timed_out: bool) -> str:
-    """"ok" for a COMPLETED batch status tuple, else why not."""
+def _outcome(failed) -> str:
+    """Why a native outcome tuple (state, bytes, reason, device, path,
+    timed_out, leaked[, timeout]) is not a completed transfer."""
+    timed_out, leaked = failed[5], failed[6]
     if timed_out:
-        return f"timed out after {timeout_s:.3f} s (canceled and drained)"
-    if status[0] == _COMPLETED:
-        return "ok"
-    s = TaskStatus._of(tuple(status))
+        after = f" after {failed[7]:.3f} s" if len(failed) > 7 else ""
+        how = "not drained within transfer_timeout + 10 s: left to the engine" if leaked else "drained"
+        return f"timed out{after} (canceled and {how})"
+    s = TaskStatus._of(tuple(failed[:5]))
     where = f" ({s.failed_device} -> {s.failed_path})" if s.failed_path else ""
-    return f"transfer {s.state.name}: {s.reason or 'failed'}{where}"
+    left = "; not final within transfer_timeout + 10 s: left to the engine" if leaked else ""
+    return f"transfer {s.state.name}: {s.reason or 'failed'}{where}{left}"
 
 
-def _drain_and_free(engine, bid: int) -> None:
-    try:
-        engine.free_batch(bid)
-    except TideError as e:
-        if e.name == "batch_busy":  # a submit error after partial posting: let it drain
-            engine.cancel(bid)
-            engine.wait(bid, -1.0)
-            engine.free_batch(bid)
-        elif e.name != "unknown_batch":
-            raise
+class _Ranges:
+    """Registered ranges, which never overlap (the engine refuses an overlap):
+    base addresses sorted for bisect, so a range check is O(log n)."""
+
+    def __init__(self) -> None:
+        self._bases: List[int] = []
+        self._length: dict = {}
+
+    def add(self, base: int, length: int) -> None:
+        if base not in self._length:
+            bisect.insort(self._bases, base)
+        self._length[base] = length
+
+    def remove(self, base: int) -> None:
+        if self._length.pop(base, None) is not None:
+            del self._bases[bisect.bisect_left(self._bases, base)]
+
+    def covers(self, addr: int, length: int) -> bool:
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i < 0:
+            return False
+        base = self._bases[i]
+        return addr + length <= base + self._length[base]

@@ -1,11 +1,10 @@
-#include "mooncake_calls.hpp"
+#include "mooncake_args.hpp"
 
 #include <numeric>
 #include <string>
 
 namespace tide::py {
 namespace pyb = pybind11;
-using namespace std::chrono;
 
 result<segment_id> named_segments::open(engine_iface& e, const std::string& name) {
   std::shared_ptr<entry> slot;
@@ -101,48 +100,6 @@ std::vector<transfer_request> address_lists::requests(transfer_op op, segment_id
 transfer_op opcode_of(int op) {
   if (op != 0 && op != 1) throw pyb::value_error("opcode must be 0 (read) or 1 (write), got " + std::to_string(op));
   return op == 0 ? transfer_op::read : transfer_op::write;
-}
-
-status submit_with(engine_iface& e, batch_id b, std::span<const transfer_request> reqs,
-                   const std::optional<note_tuple>& notify) {
-  if (!notify) return e.submit(b, reqs);
-  return e.submit(b, reqs, notification{notify->first, notify->second});
-}
-
-void drain(engine_iface& e, batch_id b) {
-  (void)e.cancel(b);
-  while (!e.wait(b, kWaitSlice)) {
-    if (auto st = e.batch_status(b); !st) return;  // not a live batch (nothing submitted)
-  }
-}
-
-batch_outcome run_batch(engine_iface& e, std::span<const transfer_request> reqs, steady_clock::time_point deadline,
-                        const std::optional<note_tuple>& notify) {
-  batch_outcome out;
-  auto b = e.allocate_batch(reqs.size());
-  if (!b) {
-    out.failure = std::move(b.error());
-    return out;
-  }
-  if (auto r = submit_with(e, *b, reqs, notify); !r) out.failure = std::move(r.error());
-  while (out.failure.code == errc::ok) {
-    auto r = e.wait(*b, next_slice(deadline));
-    if (r) break;
-    if (r.error().code != errc::timed_out) {
-      out.failure = std::move(r.error());
-    } else if (steady_clock::now() >= deadline) {
-      out.timed_out = true;
-    } else {
-      pyb::gil_scoped_acquire gil;
-      out.interrupted = PyErr_CheckSignals() != 0;
-    }
-    if (out.timed_out || out.interrupted) break;
-  }
-  if (out.timed_out || out.interrupted || out.failure.code != errc::ok) drain(e, *b);
-  out.status = e.batch_status(*b).value_or(transfer_status{});
-  if (out.status.failed_local_device != kNoDevice) out.device = e.device_name(out.status.failed_local_device);
-  if (auto r = e.free_batch(*b); !r && out.failure.code == errc::ok) out.failure = std::move(r.error());
-  return out;
 }
 
 }  // namespace tide::py
