@@ -260,7 +260,7 @@ struct notification {
   std::string name;
   std::string message;
   /// name + message at most this many bytes (invalid_argument above): it
-  /// has to fit the receive buffers of the RDMA path (issue 18, part 2).
+  /// has to fit the receive buffers of the RDMA path.
   static constexpr std::size_t kMaxBytes = 4096;
 };
 

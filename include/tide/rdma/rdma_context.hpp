@@ -164,7 +164,7 @@ class rdma_context {
   /// Teardown began: the context is inactive from now on, whatever the port
   /// does (a PORT_ACTIVE event cannot bring it back), so no lane makes new
   /// endpoints and no retry picks it.  The transport calls it on every
-  /// context before it shuts the first one down (finding 2).  Any thread.
+  /// context before it shuts the first one down.  Any thread.
   void begin_stop() noexcept { stopping_.store(true, std::memory_order_release); }
 
   /// Lane i's current CQ (setup path: lane start, endpoint creation).
@@ -475,7 +475,7 @@ class rdma_context {
     params_.num_qp = static_cast<std::uint32_t>(lanes);
     params_.caps = cfg_.caps;
     // No receives on the data QPs but QP 0's notification buffers: no RQ
-    // slots to speak of otherwise (finding 18).
+    // slots to speak of otherwise.
     cfg_.notify_credits = std::min(cfg_.notify_credits, kMaxNotifyCredits);
     params_.caps.max_recv_wr = cfg_.notify_credits != 0 ? cfg_.notify_credits + detail::kCreditReserve : 1;
     params_.caps.max_recv_sge = 1;
