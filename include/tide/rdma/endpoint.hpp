@@ -52,6 +52,9 @@ struct endpoint_params {
   const verbs::protection_domain* pd = nullptr;
   std::string local_nic_path;      ///< "<server>@<device>"
   std::uint8_t port = 1;
+  std::uint8_t traffic_class = 0;  ///< GRH traffic class of every QP (RTR)
+  std::uint8_t service_level = 0;  ///< address vector SL of every QP (RTR)
+  std::uint16_t pkey_index = 0;    ///< P_Key index of every QP (INIT)
   int gid_index = 0;
   verbs::gid local_gid;
   std::uint16_t lid = 0;
