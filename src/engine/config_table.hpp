@@ -69,7 +69,7 @@ status each(F&& f) {
                .old_env = "TIDE_WORKERS_PER_CTX")
   TIDE_SETTING(slice_size, .key = "slice_size", .meaning = "Bytes per RDMA slice (one WR)", .lo = 1,
                .hi = 1LL << 30, .unit = "bytes", .mc = "MC_SLICE_SIZE", .rule = mc_rule::range, .mc_lo = 1,
-               .mc_hi = 1LL << 30)
+               .mc_hi = INT_MAX, .mc_note = "above 2^30 ignored with a warning (tide's range)")
   TIDE_SETTING(fragment_limit, .key = "fragment_limit",
                .meaning = "A request's tail shorter than this joins the previous slice", .lo = 0, .hi = 1LL << 30,
                .unit = "bytes")
@@ -103,7 +103,7 @@ status each(F&& f) {
   TIDE_SETTING(max_cqe, .key = "max_cqe",
                .meaning = "Completion queue entries per lane (clamped to the device); bounds the WRs a lane has out",
                .lo = 1, .hi = 1 << 22, .mc = "MC_MAX_CQE_PER_CTX", .rule = mc_rule::range, .mc_lo = 1,
-               .mc_hi = 65535, .mc_note = "Mooncake's is per device, tide's per lane", .old_env = "TIDE_MAX_CQE")
+               .mc_hi = 65535, .mc_note = "Mooncake's is per device, tide's per lane")
   TIDE_SETTING(max_wr, .key = "max_wr", .meaning = "Send queue depth per QP (clamped to the device)", .lo = 1,
                .hi = 1 << 16, .mc = "MC_MAX_WR", .rule = mc_rule::range, .mc_lo = 1, .mc_hi = 65535)
   TIDE_SETTING(max_rd_atomic, .key = "max_rd_atomic",
@@ -140,7 +140,7 @@ status each(F&& f) {
   TIDE_SETTING(handshake_connect_timeout, .key = "handshake_connect_timeout_ms",
                .meaning = "TCP connect to a peer's handshake or data port", .lo = 1, .hi = kMaxMs, .unit = "ms",
                .mc = "MC_HANDSHAKE_CONNECT_TIMEOUT", .rule = mc_rule::range, .mc_lo = 1, .mc_hi = 3599,
-               .mc_scale = 1000, .mc_note = "seconds, as in Mooncake")
+               .mc_scale = 1000)
   TIDE_SETTING(handshake_timeout, .key = "handshake_timeout_ms", .meaning = "A handshake exchange after connect",
                .lo = 1, .hi = kMaxMs, .unit = "ms")
   TIDE_SETTING(ready_ack_timeout, .key = "ready_ack_timeout_ms",
@@ -201,7 +201,8 @@ status each(F&& f) {
                .lo = 4096, .hi = 1LL << 30, .unit = "bytes")
   TIDE_SETTING(tcp_proto, .key = "tcp_proto",
                .meaning = "2: status frames and persistent connections with v2 peers; 1: Mooncake's first protocol",
-               .lo = 1, .hi = 2, .mc = "MC_TCP_PROTO", .rule = mc_rule::range, .mc_lo = 1, .mc_hi = 2)
+               .lo = 1, .hi = 2, .mc = "MC_TCP_PROTO", .rule = mc_rule::range, .mc_lo = 1, .mc_hi = 2,
+               .mc_note = "Mooncake acts on 1 only; 2 is tide's default")
 #undef TIDE_SETTING
   return {};
 }
