@@ -1,10 +1,26 @@
 # shellcheck shell=bash
-# bench/lib.sh — sourced by bench/latency and bench/multi-nic: perftest and tide-bench runs
+# bench/lib.sh — sourced by the bench scripts: perftest and tide-bench runs
 # on named devices, and figures out of their output. The caller sets BENCH (tide-bench),
 # WORK (a scratch directory) and GID_INDEX.
 
 # bench_die MSG: the script's name, MSG, exit 2.
 bench_die() { echo "$(basename "$0"): $*" >&2; exit 2; }
+
+# bench_failed WHAT: records a run that failed, in $BENCH_FAILURES (default $WORK/failed; a file,
+# so runs in subshells count too); bench_finish, the script's last word, names them and exits 1
+# when there were any, so a table with a failed row never passes for a good one.
+bench_failed() {
+    local f=${BENCH_FAILURES:-${WORK:-}/failed}
+    [[ $f == /failed ]] || echo "$*" >> "$f"
+    echo "$(basename "$0"): failed: $*" >&2
+}
+bench_finish() {
+    local f=${BENCH_FAILURES:-${WORK:-}/failed}
+    [[ -s $f ]] || return 0
+    echo "$(basename "$0"): $(wc -l < "$f") run(s) failed:" >&2
+    sed 's/^/  /' "$f" >&2
+    exit 1
+}
 
 bench_need() {   # BUILD: tide-bench and perftest are there
     BENCH=$1/bench/tide-bench
@@ -42,7 +58,7 @@ perftest() {
     # Its output goes to the log, not between a table's rows.
     if ((rc != 0)); then
         { echo "== $tool $srv <- $cli $* failed ($rc):"; cat "$WORK/pt-cli.log"; } >> "${TIDE_PERFTEST_LOG:-/dev/null}"
-        echo "$tool $srv <- $cli $* failed ($rc): $(grep -m1 -iE "can't|error|fail" "$WORK/pt-cli.log")" >&2
+        bench_failed "$tool $srv <- $cli $* ($rc): $(grep -m1 -iE "can't|error|fail" "$WORK/pt-cli.log")"
     fi
     # The server ends with its client; one whose client never came would wait forever.
     for _ in $(seq 1 100); do kill -0 "$sp" 2> /dev/null || break; sleep 0.1; done
@@ -79,6 +95,7 @@ tide_target_start() {
         sleep 0.1
     done
     cat "$WORK/tb-srv.log" >&2
+    bench_failed "tide-bench target on $1 printed no segment"
     tide_target_stop
     return 1
 }
@@ -92,7 +109,15 @@ tide_initiator() {
     rm -f "$WORK/tb.json"
     timeout $((${secs%.*} + 90)) "${INITIATOR_WRAP[@]}" "$BENCH" --mode=initiator --segment_id="$SEGMENT" --local_server_name="$ip" \
         --device_name="$devs" --policy="$policy" --duration="$secs" --noprogress --json="$WORK/tb.json" "$@" \
-        > "$WORK/tb-cli.log" 2>&1 || { tail -n 20 "$WORK/tb-cli.log" >&2; return 1; }
+        > "$WORK/tb-cli.log" 2>&1 || {
+        tail -n 20 "$WORK/tb-cli.log" >&2
+        bench_failed "tide-bench initiator on $devs ($policy) $*"
+        return 1
+    }
+    # A run with failed requests is a failed row, whatever its throughput (its figures still print).
+    local failed
+    failed=$(tb_field failed_requests)
+    [[ ${failed%.*} == 0 ]] || bench_failed "tide-bench initiator on $devs ($policy) $*: $failed failed requests"
 }
 
 # tb_field KEY: a number from tide-bench's --json output (one "key": value per line).

@@ -65,13 +65,16 @@ std::string bound_text(std::int64_t ns) {
 
 std::string format_report(const summary& s, const run_figures& f, const bench_options& o) {
   char buf[768];
+  // Mooncake's result line, character for character (transfer_engine_bench.cpp: duration with
+  // two decimals, the throughput with --report_precision), then tide's figures.
   std::snprintf(buf, sizeof buf,
-                "Test completed: duration %.2f s, batch count %zu, throughput %.3f %s/s\n"
+                "Test completed: duration %.2f, batch count %zu, throughput %.*f %s/s\n"
                 "  operation %s, block %llu B, batch %u, threads %u, policy %s\n"
                 "  requests/s %.0f, failed requests %llu\n"
                 "  batch latency p50 %.1f us, p99 %.1f us, p999 %.1f us\n"
                 "  cpu %.2f s (%.2f s per GB)\n",
-                f.seconds, f.batch_latency_us.size(), s.throughput, o.unit.name.c_str(),
+                f.seconds, f.batch_latency_us.size(), static_cast<int>(o.report_precision), s.throughput,
+                o.unit.name.c_str(),
                 o.operation == bench_operation::read ? "read" : "write",
                 static_cast<unsigned long long>(o.block_size), o.batch_size, o.threads, o.policy.c_str(),
                 s.requests_per_s, static_cast<unsigned long long>(f.failed_requests), s.p50_us, s.p99_us,

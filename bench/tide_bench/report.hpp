@@ -65,7 +65,9 @@ struct summary {
 [[nodiscard]] double percentile(std::vector<double>& v, double p);
 [[nodiscard]] summary summarize(run_figures f, const bench_options& o);
 
-/// One human-readable block, as transfer_engine_bench prints it plus latency and CPU.
+/// One human-readable block: Mooncake's line ("Test completed: duration 10.00, batch count N,
+/// throughput 12.34 GB/s", the throughput with --report_precision decimals), then tide's
+/// figures (operation, latency, CPU, NICs, rails) on the lines after it.
 [[nodiscard]] std::string format_report(const summary& s, const run_figures& f, const bench_options& o);
 /// The same as a JSON object (keys: throughput, unit, requests_per_s, p50_us, ...).
 [[nodiscard]] std::string format_json(const summary& s, const run_figures& f, const bench_options& o);

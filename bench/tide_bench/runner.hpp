@@ -44,14 +44,29 @@ class bench_buffer {
   std::size_t len_ = 0;
 };
 
+/// The engine configuration the flags ask for.  A flag given on the command
+/// line counts as set by the program (engine_config::set_keys), so it wins
+/// over TIDE_CONFIG and the environment; one left at its default does not.
 inline engine_config bench_engine_config(const bench_options& o) {
   engine_config cfg;
+  auto given = [&](std::string_view flag, const char* key) {
+    if (o.given.count(flag) != 0) cfg.set_keys.insert(key);
+  };
   cfg.local_server_name = o.local_server_name;
+  given("local_server_name", "local_server_name");
   cfg.metadata = o.metadata_server;
+  given("metadata_server", "metadata");
   if (!o.auth_secret_file.empty()) cfg.auth_secret_file = o.auth_secret_file;
   if (o.metrics_port != 0) cfg.metrics_port = o.metrics_port;  // 127.0.0.1 (engine_config::metrics_bind)
-  cfg.devices = o.device_names;
-  cfg.transports = o.protocol;  // one transport: what the bench measures
+  if (!o.auto_discovery) {
+    // Mooncake's bench installs the one transport --protocol names, on --device_name's devices.
+    cfg.devices = o.device_names;
+    given("device_name", "devices");
+    cfg.transports = o.protocol;
+    given("protocol", "transports");
+    cfg.custom_topology_file = o.nic_priority_matrix;
+    given("nic_priority_matrix", "custom_topology_file");
+  }
   return cfg;
 }
 
@@ -81,6 +96,9 @@ int run_target(const bench_options& o) {
     return 1;
   }
   std::cout << "segment: " << (*engine)->segment_name() << std::endl;
+  // Where Mooncake's engine logs its P2P segment: scripts written for transfer_engine_bench read it there.
+  if (o.metadata_server == "P2PHANDSHAKE")
+    std::cerr << "Transfer Engine RPC using P2P handshake, listening on " << (*engine)->segment_name() << std::endl;
   if (o.metrics_port != 0) std::cout << "metrics: http://127.0.0.1:" << (*engine)->metrics_port() << "/metrics" << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -251,7 +269,8 @@ int run_initiator(const bench_options& o) {
   for (const auto& r : end_stats.rails)
     f.rails.push_back({r.local, r.peer, std::string(rdma::plan::to_string(r.state.phase)), r.state.failures, r.state.pauses});
   const auto s = summarize(f, o);
-  std::cout << format_report(s, f, o);
+  // On stderr, where Mooncake's bench logs its result line.
+  std::cerr << format_report(s, f, o) << std::flush;
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << format_json(s, f, o);

@@ -37,18 +37,62 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tide {
 
-/// Everything an engine needs, in one place.  Environment variables only
-/// override it (apply_env).
+/// Where an effective setting came from (engine_config::resolve).
+enum class config_source : std::uint8_t {
+  default_value,  ///< the field's default (engine_config{})
+  automatic,      ///< chosen at create (local_server_name "": this host's address)
+  file,           ///< the JSON file named by TIDE_CONFIG
+  environment,    ///< a TIDE_* (or Mooncake MC_*) variable
+  program,        ///< set by the program: a field that differs from its default, or a key in set_keys
+};
+[[nodiscard]] std::string_view to_string(config_source s) noexcept;
+
+/// One setting as an engine will use it.
+struct config_value {
+  std::string key;       ///< the JSON key ("slice_size", "transfer_timeout_ms")
+  std::string value;     ///< as JSON would write it (long text shortened)
+  config_source source = config_source::default_value;
+  std::string origin;    ///< the file's path, the variable's name, or "" (default, program)
+};
+
+/// What engine_config::resolve did: every setting with its source, and what
+/// it ignored or found odd (also logged, as warnings, once per process).
+struct config_report {
+  std::string file;                    ///< TIDE_CONFIG's path; "" = none
+  std::vector<config_value> settings;  ///< every setting, in the reference's order
+  std::vector<std::string> warnings;
+  /// "key = value  (source origin)", one line per setting.
+  [[nodiscard]] std::string to_text() const;
+};
+
+/// Everything an engine needs, in one place.  Every field is also a key of
+/// the TIDE_CONFIG file and a TIDE_<KEY> variable (docs/configuration.md,
+/// generated from the table in src/engine/config_table.hpp, lists them with
+/// defaults, ranges and the Mooncake MC_* variables that set them).
+///
+/// Precedence, weakest first: the defaults below; the JSON file named by
+/// TIDE_CONFIG; the environment (TIDE_<KEY>, else Mooncake's MC_* name);
+/// what the program set.  A field counts as set by the program when its
+/// value differs from its default, or when its key is in set_keys
+/// (apply_json and apply_file add the keys they set; the Python module's
+/// keyword arguments and tide-bench's flags arrive that way).
+/// transfer_engine::create applies this rule (resolve) to the config it is
+/// given.
 struct engine_config {
   /// This host as peers reach it.  In p2p mode the segment name is
   /// "<local_server_name>:<handshake port>" (a port given here is replaced).
-  std::string local_server_name = "127.0.0.1";
+  /// "" (the default): this host's first non-loopback IPv4 address
+  /// (Mooncake's MC_TCP_BIND_ADDRESS when set), else 127.0.0.1; the engine
+  /// logs the choice.
+  std::string local_server_name;
   /// "P2PHANDSHAKE", "etcd://h:p[,h:p]" (etcds:// for TLS), "http://h:p/path", or "" (in-process).
   std::string metadata = "P2PHANDSHAKE";
   std::string cluster_id;                  ///< optional metadata key prefix
@@ -60,19 +104,26 @@ struct engine_config {
   std::uint32_t num_qp_per_ep = 2;
   std::size_t slice_size = 65536;
   std::size_t fragment_limit = 16384;
-  /// 0 (default): num_qp_per_ep lanes.  Any other value must equal
-  /// num_qp_per_ep (config_invalid otherwise): a lane owns one QP per endpoint.
+  /// Mooncake's worker threads per context.  tide runs num_qp_per_ep lanes
+  /// per context (a lane owns one QP of each endpoint) whatever this says;
+  /// another value is accepted and logged.
   std::size_t workers_per_context = 0;
-  /// The CPUs the lanes run on, as taskset -c writes them ("2", "0,4-7";
-  /// key "lane_cpus", env TIDE_LANE_CPUS): keeps the lanes off the threads
-  /// that compute (or, with the caller pinned elsewhere, apart from the
-  /// thread that waits on them).  Empty (the default): each lane runs on its
-  /// NIC's NUMA node.  A CPU this machine lacks is config_invalid.
+  /// The CPUs the lanes run on, as taskset -c writes them ("2", "0,4-7"):
+  /// keeps the lanes off the threads that compute (or, with the caller
+  /// pinned elsewhere, apart from the thread that waits on them).  Empty
+  /// (the default): each lane runs on its NIC's NUMA node.  A CPU this
+  /// machine lacks is config_invalid.
   std::string lane_cpus;
   std::size_t endpoint_capacity = 256;     ///< endpoints per context before eviction
   int gid_index = -1;                      ///< -1: automatic
   int mtu = 4096;                          ///< path MTU cap (bytes)
   std::uint8_t ib_port = 1;
+  /// The GRH traffic class, service level and P_Key index of every RC QP
+  /// (Mooncake's MC_IB_TC, MC_IB_SL, MC_PKEY_INDEX): on a RoCE fabric with
+  /// PFC the traffic class puts RDMA on the lossless priority.
+  std::uint8_t ib_traffic_class = 0;
+  std::uint8_t ib_service_level = 0;
+  std::uint16_t pkey_index = 0;
   /// Retries per failed slice (another NIC path, or the same one).  A
   /// transient failure (no ACK, a rejected request, a flush) is retried
   /// past it until transfer_timeout: on another healthy path, else on the
@@ -93,22 +144,22 @@ struct engine_config {
   /// How long an accepted connection waits for the peer's ready ack; past
   /// it the connection is used anyway, and may be evicted.
   std::chrono::milliseconds ready_ack_timeout{10000};
-  /// The handshake listener's bind address (env TIDE_HANDSHAKE_BIND).
+  /// The handshake listener's bind address (and the TCP data port's).
   /// "0.0.0.0" (Mooncake's INADDR_ANY) lets every host that routes here
   /// reach it; bind the RDMA network's interface address to keep it off
   /// other networks.  Without auth_secret_file, anyone who reaches it can
   /// read this engine's buffer addresses and rkeys and connect QPs.
   std::string bind_host = "0.0.0.0";
   std::uint16_t handshake_port = 0;        ///< 0: a free port in 15000-17000
-  /// The cluster secret (env TIDE_AUTH_SECRET_FILE): a file of at least 32
-  /// random bytes, not readable by group or others.  "" = none: Mooncake's
-  /// unauthenticated wire.  Set: every handshake exchange (connect, metadata,
-  /// notify) is authenticated both ways (HMAC-SHA256 over both sides' fresh
-  /// nonces, wire/auth.hpp), a re-handshake for an endpoint is taken only from
-  /// the identity that first connected it, and published descriptors seal
-  /// buffer addresses and rkeys (AES-256-GCM, wire/seal.hpp).  Peers without
-  /// it (Mooncake included) then get nothing and see errors; every tide peer
-  /// of the cluster needs the same file.
+  /// The cluster secret: a file of at least 32 random bytes, not readable
+  /// by group or others.  "" = none: Mooncake's unauthenticated wire.  Set:
+  /// every handshake exchange (connect, metadata, notify) is authenticated
+  /// both ways (HMAC-SHA256 over both sides' fresh nonces, wire/auth.hpp), a
+  /// re-handshake for an endpoint is taken only from the identity that
+  /// first connected it, and published descriptors seal buffer addresses
+  /// and rkeys (AES-256-GCM, wire/seal.hpp).  Peers without it (Mooncake
+  /// included) then get nothing and see errors; every tide peer of the
+  /// cluster needs the same file.
   std::string auth_secret_file;
   /// Notification inbox bounds (detail/notify_inbox.hpp); over them a
   /// message is refused (its sender told so) and counted in notification_stats().
@@ -120,10 +171,14 @@ struct engine_config {
   /// credits), advertised in the handshake; 0..64, 0 = off.  Only between
   /// tide peers that both advertise it; Mooncake peers, and tide peers with
   /// 0 (or an idle strategy that does not wake on completions), get
-  /// Mooncake's TCP notify message.  TIDE_NOTIFY_RDMA_CREDITS.  Each
-  /// receive is a 4 KiB + header buffer per endpoint (R + 2 of them).
+  /// Mooncake's TCP notify message.  Each receive is a 4 KiB + header
+  /// buffer per endpoint (R + 2 of them).
   std::uint32_t notify_rdma_credits = 8;
-  std::string custom_topology_json;        ///< priority matrix override
+  /// The NIC priority matrix as JSON text, instead of the sysfs scan.
+  std::string custom_topology_json;
+  /// The same read from a file (Mooncake's MC_CUSTOM_TOPO_JSON names a
+  /// file); custom_topology_json wins when both are set.
+  std::string custom_topology_file;
   std::string sysfs_root = "/sys";
   std::size_t max_batches = 4096;
   /// The largest capacity allocate_batch takes (batch_too_large above it).
@@ -160,29 +215,27 @@ struct engine_config {
   /// failed probe up to rail_max_cooldown.
   std::chrono::milliseconds rail_cooldown{100};
   std::chrono::milliseconds rail_max_cooldown{10000};
-  /// wait() polls the batch this long before it sleeps on the batch's condition variable (key
-  /// "wait_spin_us", env TIDE_WAIT_SPIN_US; 0 = sleep at once).  A small
-  /// transfer ends within a few wire round trips, and waking a sleeping
-  /// thread costs about as much again; a long one pays this much CPU once.
+  /// wait() polls the batch this long before it sleeps on the batch's
+  /// condition variable (0 = sleep at once).  A small transfer ends within
+  /// a few wire round trips, and waking a sleeping thread costs about as
+  /// much again; a long one pays this much CPU once.
   std::chrono::microseconds wait_spin{200};
   /// The Prometheus endpoint (GET /metrics, <tide/metrics.hpp>): 0 = off
-  /// (the default); else the port it listens on, on metrics_bind (key
-  /// "metrics_port", env TIDE_METRICS_PORT; "metrics_bind", TIDE_METRICS_BIND).
+  /// (the default); else the port it listens on, on metrics_bind.
   /// Loopback by default: the counters name peers and NICs.
   std::uint16_t metrics_port = 0;
   std::string metrics_bind = "127.0.0.1";
 
-  /// The transports this engine installs (key "transports", env
-  /// TIDE_TRANSPORTS): "rdma,tcp" (the default), "rdma" or "tcp".  With
-  /// both, a request goes over RDMA where both sides have a NIC, and over
-  /// TCP to a peer that serves only TCP, when this host has no RDMA device
-  /// (the engine then runs on TCP alone and logs so once), and when every
-  /// RDMA rail to the peer is paused; a slice whose rails fail is retried
-  /// over TCP within its deadline.  Mooncake's MC_FORCE_TCP=1 means "tcp".
+  /// The transports this engine installs: "rdma,tcp" (the default), "rdma"
+  /// or "tcp".  With both, a request goes over RDMA where both sides have a
+  /// NIC, and over TCP to a peer that serves only TCP, when this host has no
+  /// RDMA device (the engine then runs on TCP alone and logs so once), and
+  /// when every RDMA rail to the peer is paused; a slice whose rails fail is
+  /// retried over TCP within its deadline.  Mooncake's MC_FORCE_TCP (set to
+  /// anything) means "tcp".
   std::string transports = "rdma,tcp";
-  /// The TCP data port (key "tcp_port", env TIDE_TCP_PORT): 0 = a free port
-  /// in 15000-17000, published as the descriptor's tcp_data_port.  It binds
-  /// bind_host, as the handshake port does.
+  /// The TCP data port: 0 = a free port in 15000-17000, published as the
+  /// descriptor's tcp_data_port.  It binds bind_host, as the handshake port does.
   std::uint16_t tcp_port = 0;
   /// I/O threads of the TCP transport (both directions) and connections per
   /// peer; a large request is cut into tcp_slice_size pieces spread over them.
@@ -193,31 +246,48 @@ struct engine_config {
   /// version 2; 1: Mooncake's first protocol with every peer (MC_TCP_PROTO=1).
   unsigned tcp_proto = 2;
 
-  /// Applies, in this order, the JSON file named by TIDE_CONFIG (apply_file)
-  /// and the TIDE_* (and Mooncake's MC_*) overrides: NUM_QP_PER_EP,
-  /// SLICE_SIZE, WORKERS_PER_CTX, MAX_EP_PER_CTX, GID_INDEX, MTU, IB_PORT,
-  /// RETRY_CNT, QP_RETRY_CNT, QP_TIMEOUT, TRANSFER_TIMEOUT_MS, CUSTOM_TOPO_JSON,
-  /// METADATA_CLUSTER_ID, ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE,
-  /// ETCD_VERIFY_SERVER (0/1), ETCD_USER, ETCD_PASSWORD_FILE, METADATA_TOKEN_FILE,
-  /// MAX_CQE, MAX_WR, MAX_RD_ATOMIC, MAX_INLINE, SIGNAL_INTERVAL,
-  /// AUTH_SECRET_FILE, HANDSHAKE_BIND, WAIT_SPIN_US, METRICS_PORT, METRICS_BIND, LANE_CPUS.
-  /// transfer_engine::create calls it.
+  /// Keys the program set on purpose, kept over TIDE_CONFIG and the
+  /// environment even where the value equals the default.  apply_json and
+  /// apply_file add the keys they set; add a key here after setting a field
+  /// to its default value to keep it so.
+  std::set<std::string, std::less<>> set_keys;
+
+  /// The configuration an engine runs with: the defaults, then the
+  /// TIDE_CONFIG file, then the environment, then what this config set
+  /// (see above); local_server_name "" becomes this host's address and
+  /// custom_topology_file is read into custom_topology_json.  A bad TIDE_*
+  /// value or a bad file is an error; a Mooncake MC_* value Mooncake would
+  /// not take is ignored with a warning, as Mooncake does; an unknown
+  /// TIDE_* variable is warned about.  `report`, when given, receives every
+  /// setting with its source.  transfer_engine::create calls it.
   /// Errors: config_invalid naming the variable (or the file and key).
+  [[nodiscard]] result<engine_config> resolve(config_report* report = nullptr) const;
+
+  /// Applies the JSON file named by TIDE_CONFIG, then the environment, onto
+  /// this config, over whatever it holds (resolve, which create uses, puts
+  /// the program's values last).  Same errors as resolve.
   [[nodiscard]] status apply_env();
 
   /// Sets the fields named in a JSON object file: keys are the field names
   /// above ("slice_size", "devices", ...; durations as "<name>_ms", e.g.
-  /// "transfer_timeout_ms"), with the same ranges as the environment
-  /// overrides.  All or nothing.  Errors: config_invalid naming the file and
-  /// the key (unknown key, wrong type, out of range), or why it cannot be read.
+  /// "transfer_timeout_ms"), with the same ranges as the environment, and
+  /// adds them to set_keys.  All or nothing.  Errors: config_invalid naming
+  /// the file and the key (unknown key, wrong type, out of range), or why it
+  /// cannot be read.
   [[nodiscard]] status apply_file(const std::string& path);
   /// apply_file's work on the text of a JSON object; errors name `origin`
   /// where apply_file names the file (the Python module passes its keyword
-  /// arguments this way).
+  /// arguments this way, so they count as set by the program).
   [[nodiscard]] status apply_json(std::string_view json_object, const std::string& origin);
   /// engine_config{} with apply_file(path).
   [[nodiscard]] static result<engine_config> from_file(const std::string& path);
 };
+
+/// docs/configuration.md: every setting (key, type, default, variable,
+/// Mooncake name, range, meaning), the precedence rule and the Mooncake
+/// variables, rendered from the same table the parsers use
+/// (tide-config --markdown writes it; a unit test compares it with the file).
+[[nodiscard]] std::string config_reference_markdown();
 
 /// engine_config::transports, parsed.
 struct transport_set {
@@ -260,7 +330,7 @@ struct notification {
   std::string name;
   std::string message;
   /// name + message at most this many bytes (invalid_argument above): it
-  /// has to fit the receive buffers of the RDMA path (issue 18, part 2).
+  /// has to fit the receive buffers of the RDMA path.
   static constexpr std::size_t kMaxBytes = 4096;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
 /// Prometheus metrics (text exposition format 0.0.4) and the optional HTTP
-/// endpoint that serves them (issue 18, part 4).
+/// endpoint that serves them.
 ///
 ///   std::string text = engine->metrics_text();   // any thread
 ///   // or engine_config::metrics_port = 9464: GET http://127.0.0.1:9464/metrics

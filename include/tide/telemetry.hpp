@@ -1,5 +1,5 @@
 #pragma once
-/// Per-request telemetry and latency histograms (issue 18, parts 3-4).
+/// Per-request telemetry and latency histograms.
 ///
 /// Every task records, on the data path: when it was submitted (planned),
 /// when its first WR went to ibv_post_send, when it turned final, the WRs

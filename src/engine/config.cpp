@@ -1,9 +1,17 @@
-// engine_config: environment overrides and the JSON configuration file.
-// Both go through one table of settings (each_number / each_text below), so
-// a setting has one range and one way of naming it in an error.
-#include <tide/engine.hpp>
+// engine_config: the TIDE_CONFIG file, the environment and the program's
+// values, applied through one table of settings (config_table.hpp) in the
+// order resolve() documents.
+#include "config_table.hpp"
+
+#include <tide/detail/log.hpp>
+#include <tide/topology/priority_matrix.hpp>
 
 #include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <cctype>
@@ -12,25 +20,38 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
-namespace tide {
-namespace {
+extern char** environ;
 
-// The value of TIDE_<name>, else MC_<name>; nullptr when neither is set.
-const char* env(std::string_view name, std::string& which) {
-  for (const char* prefix : {"TIDE_", "MC_"}) {
-    which = std::string(prefix) + std::string(name);
-    if (const char* v = std::getenv(which.c_str()); v != nullptr && *v != '\0') return v;
-  }
-  return nullptr;
+namespace tide {
+
+std::string config_table::env_name(std::string_view key) {
+  std::string s = "TIDE_";
+  for (char ch : key) s += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
 }
+
+namespace {
+namespace ct = config_table;
 
 template <class T>
 struct is_duration : std::false_type {};
 template <class R, class Per>
 struct is_duration<std::chrono::duration<R, Per>> : std::true_type {};
+template <class T>
+constexpr bool is_text = std::is_same_v<T, std::string>;
+template <class T>
+constexpr bool is_list = std::is_same_v<T, std::vector<std::string>>;
+template <class T>
+constexpr bool is_flag = std::is_same_v<T, bool>;
+
+template <class T>
+using field_t = std::remove_cvref_t<T>;
 
 template <class T>
 void assign(T& field, long long x) {
@@ -42,97 +63,212 @@ std::string range_text(long long lo, long long hi) {
   return "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
 }
 
-// Every numeric setting: the key in the file (the field's name; durations
-// in ms end in _ms, in us in _us), the name after TIDE_/MC_ ("" = no variable), the field
-// and its range.  f returns a status; the first error stops the walk.
-template <class F>
-status each_number(engine_config& c, F&& f) {
-  constexpr long long kMaxMs = 1LL << 40;
-  if (auto r = f("num_qp_per_ep", "NUM_QP_PER_EP", c.num_qp_per_ep, 1, 255); !r) return r;
-  if (auto r = f("slice_size", "SLICE_SIZE", c.slice_size, 1, 1LL << 30); !r) return r;
-  if (auto r = f("fragment_limit", "", c.fragment_limit, 0, 1LL << 30); !r) return r;
-  if (auto r = f("workers_per_context", "WORKERS_PER_CTX", c.workers_per_context, 0, 64); !r) return r;
-  if (auto r = f("endpoint_capacity", "MAX_EP_PER_CTX", c.endpoint_capacity, 1, 1 << 20); !r) return r;
-  if (auto r = f("gid_index", "GID_INDEX", c.gid_index, -1, 255); !r) return r;
-  if (auto r = f("mtu", "MTU", c.mtu, 256, 4096); !r) return r;
-  if (auto r = f("ib_port", "IB_PORT", c.ib_port, 1, 255); !r) return r;
-  if (auto r = f("max_retry", "RETRY_CNT", c.max_retry, 0, 64); !r) return r;
-  if (auto r = f("qp_retry_cnt", "QP_RETRY_CNT", c.qp_retry_cnt, 0, 7); !r) return r;
-  if (auto r = f("qp_timeout", "QP_TIMEOUT", c.qp_timeout, 0, 31); !r) return r;
-  if (auto r = f("transfer_timeout_ms", "TRANSFER_TIMEOUT_MS", c.transfer_timeout, 1, kMaxMs); !r) return r;
-  if (auto r = f("metadata_timeout_ms", "", c.metadata_timeout, 1, kMaxMs); !r) return r;
-  if (auto r = f("handshake_connect_timeout_ms", "", c.handshake_connect_timeout, 1, kMaxMs); !r) return r;
-  if (auto r = f("handshake_timeout_ms", "", c.handshake_timeout, 1, kMaxMs); !r) return r;
-  if (auto r = f("ready_ack_timeout_ms", "", c.ready_ack_timeout, 1, kMaxMs); !r) return r;
-  if (auto r = f("handshake_port", "", c.handshake_port, 0, 65535); !r) return r;
-  if (auto r = f("max_batches", "", c.max_batches, 1, 1LL << 24); !r) return r;
-  if (auto r = f("max_tasks_per_batch", "", c.max_tasks_per_batch, 1, 1LL << 30); !r) return r;
-  if (auto r = f("max_cqe", "MAX_CQE", c.max_cqe, 1, 1 << 22); !r) return r;
-  if (auto r = f("max_wr", "MAX_WR", c.max_wr, 1, 1 << 16); !r) return r;
-  if (auto r = f("max_rd_atomic", "MAX_RD_ATOMIC", c.max_rd_atomic, 1, 255); !r) return r;
-  if (auto r = f("max_inline", "MAX_INLINE", c.max_inline, 0, 1 << 16); !r) return r;
-  if (auto r = f("signal_interval", "SIGNAL_INTERVAL", c.signal_interval, 1, 1 << 15); !r) return r;
-  if (auto r = f("max_wrs_write", "", c.max_wrs_write, 1, 1 << 16); !r) return r;
-  if (auto r = f("max_wrs_read", "", c.max_wrs_read, 1, 1 << 16); !r) return r;
-  if (auto r = f("coalesce_requests", "", c.coalesce_requests, 0, 1); !r) return r;
-  if (auto r = f("rail_cooldown_ms", "", c.rail_cooldown, 1, kMaxMs); !r) return r;
-  if (auto r = f("rail_max_cooldown_ms", "", c.rail_max_cooldown, 1, kMaxMs); !r) return r;
-  if (auto r = f("wait_spin_us", "WAIT_SPIN_US", c.wait_spin, 0, 1000000); !r) return r;
-  if (auto r = f("metrics_port", "METRICS_PORT", c.metrics_port, 0, 65535); !r) return r;
-  if (auto r = f("etcd_verify_server", "ETCD_VERIFY_SERVER", c.etcd_verify_server, 0, 1); !r) return r;
-  if (auto r = f("notify_max_count", "", c.notify_max_count, 1, 1LL << 32); !r) return r;
-  if (auto r = f("notify_max_bytes", "", c.notify_max_bytes, 1, 1LL << 40); !r) return r;
-  if (auto r = f("notify_rate_per_peer", "", c.notify_rate_per_peer, 0, 1LL << 31); !r) return r;
-  if (auto r = f("notify_rdma_credits", "NOTIFY_RDMA_CREDITS", c.notify_rdma_credits, 0, 64); !r) return r;
-  if (auto r = f("tcp_port", "TCP_PORT", c.tcp_port, 0, 65535); !r) return r;
-  if (auto r = f("tcp_io_threads", "TCP_IO_THREADS", c.tcp_io_threads, 1, 64); !r) return r;
-  if (auto r = f("tcp_conns_per_peer", "TCP_CONNS_PER_PEER", c.tcp_conns_per_peer, 1, 64); !r) return r;
-  if (auto r = f("tcp_slice_size", "TCP_SLICE_SIZE", c.tcp_slice_size, 4096, 1LL << 30); !r) return r;
-  if (auto r = f("tcp_proto", "TCP_PROTO", c.tcp_proto, 1, 2); !r) return r;
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return out;
+}
+
+std::optional<bool> parse_flag(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+  return std::nullopt;
+}
+
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    std::string_view item = text.substr(at, end - at);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    at = end + 1;
+  }
+  return out;
+}
+
+// A value as JSON writes it; long text is shortened (a topology matrix).
+template <class T>
+std::string render(const T& v) {
+  if constexpr (is_text<T>) {
+    if (v.size() > 72) return nlohmann::json(v.substr(0, 60)).dump() + "... (" + std::to_string(v.size()) + " bytes)";
+    return nlohmann::json(v).dump();
+  } else if constexpr (is_list<T>) {
+    return nlohmann::json(v).dump();
+  } else if constexpr (is_flag<T>) {
+    return v ? "true" : "false";
+  } else if constexpr (is_duration<T>::value) {
+    return std::to_string(v.count());
+  } else {
+    return std::to_string(static_cast<long long>(v));
+  }
+}
+
+// The value of a variable; nullptr when unset or empty (empty counts as unset).
+const char* getenv_set(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// Warnings go to the report and to the log, each distinct text once per
+// process (a program that creates many engines says it once).
+class warner {
+ public:
+  explicit warner(config_report* report) : report_(report) {}
+  void operator()(const std::string& text) const {
+    if (report_ != nullptr) report_->warnings.push_back(text);
+    static std::mutex mu;
+    static std::set<std::string, std::less<>> said;
+    {
+      std::lock_guard lock(mu);
+      if (!said.insert(text).second) return;
+    }
+    TIDE_LOG_WARN(text);
+  }
+
+ private:
+  config_report* report_;
+};
+
+// Where each key's value came from.
+using source_map = std::map<std::string, std::pair<config_source, std::string>, std::less<>>;
+
+// A strict value for a field: the file, TIDE_* variables and the program
+// all get these ranges, and an error names `where`.
+template <class T>
+status parse_strict(T& field, const ct::spec& s, const std::string& where, std::string_view text) {
+  if constexpr (is_text<T>) {
+    field = std::string(text);
+  } else if constexpr (is_list<T>) {
+    field = split_list(text);
+  } else if constexpr (is_flag<T>) {
+    auto b = parse_flag(text);
+    if (!b) return fail(errc::config_invalid, where + "=\"" + std::string(text) + "\": expected 1/true/yes/on or 0/false/no/off");
+    field = *b;
+  } else {
+    long long x = 0;
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+    if (ec != std::errc{} || p != text.data() + text.size() || x < s.lo || x > s.hi)
+      return fail(errc::config_invalid, where + "=\"" + std::string(text) + "\": " + range_text(s.lo, s.hi));
+    assign(field, x);
+  }
   return {};
 }
 
-// Every text setting, as each_number.
-template <class F>
-status each_text(engine_config& c, F&& f) {
-  if (auto r = f("local_server_name", "", c.local_server_name); !r) return r;
-  if (auto r = f("metadata", "", c.metadata); !r) return r;
-  if (auto r = f("cluster_id", "METADATA_CLUSTER_ID", c.cluster_id); !r) return r;
-  if (auto r = f("bind_host", "HANDSHAKE_BIND", c.bind_host); !r) return r;
-  if (auto r = f("metrics_bind", "METRICS_BIND", c.metrics_bind); !r) return r;
-  if (auto r = f("custom_topology_json", "CUSTOM_TOPO_JSON", c.custom_topology_json); !r) return r;
-  if (auto r = f("sysfs_root", "", c.sysfs_root); !r) return r;
-  if (auto r = f("etcd_ca_file", "ETCD_CA_FILE", c.etcd_ca_file); !r) return r;
-  if (auto r = f("etcd_cert_file", "ETCD_CERT_FILE", c.etcd_cert_file); !r) return r;
-  if (auto r = f("etcd_key_file", "ETCD_KEY_FILE", c.etcd_key_file); !r) return r;
-  if (auto r = f("etcd_user", "ETCD_USER", c.etcd_user); !r) return r;
-  if (auto r = f("etcd_password_file", "ETCD_PASSWORD_FILE", c.etcd_password_file); !r) return r;
-  if (auto r = f("metadata_token_file", "METADATA_TOKEN_FILE", c.metadata_token_file); !r) return r;
-  if (auto r = f("auth_secret_file", "AUTH_SECRET_FILE", c.auth_secret_file); !r) return r;
-  if (auto r = f("lane_cpus", "LANE_CPUS", c.lane_cpus); !r) return r;
-  if (auto r = f("transports", "TRANSPORTS", c.transports); !r) return r;
-  return {};
+// Mooncake reads its numbers with atoi / stoi: leading blanks, a sign, the
+// digits; whatever follows is dropped.
+struct leading_int {
+  long long value = 0;
+  bool any = false;       ///< there were digits
+  bool trailing = false;  ///< something followed them
+};
+leading_int read_leading_int(std::string_view s) {
+  leading_int r;
+  std::size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  bool neg = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+  const std::size_t digits = i;
+  long long v = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    if (v < (1LL << 50)) v = v * 10 + (s[i] - '0');
+    ++i;
+  }
+  r.any = i > digits;
+  r.trailing = i < s.size();
+  r.value = neg ? -v : v;
+  return r;
 }
 
-status read_file(const std::string& path, std::string& out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail(errc::config_invalid, "config file " + path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return fail(errc::config_invalid, "config file " + path + ": read error");
-  out = s.str();
-  return {};
+// A Mooncake MC_* value: what Mooncake accepts is applied, what it would
+// ignore is ignored with a warning (Mooncake warns and keeps its default).
+template <class T>
+void apply_mc(T& field, const ct::spec& s, const std::string& var, std::string_view text, const warner& warn,
+              bool& applied) {
+  applied = false;
+  const std::string shown = var + "=\"" + std::string(text.substr(0, 64)) + "\"";
+  if constexpr (is_text<T>) {
+    if (s.rule == ct::mc_rule::force_tcp) {
+      if (auto b = parse_flag(text); b && !*b)
+        warn(shown + ": Mooncake forces TCP whenever " + var + " is set, whatever its value, and so does tide; "
+                     "unset it to use RDMA");
+      field = "tcp";
+    } else {
+      field = std::string(text);
+    }
+    applied = true;
+  } else if constexpr (!is_list<T> && !is_flag<T>) {
+    const auto n = read_leading_int(text);
+    if (!n.any) {
+      warn(shown + " is not a number: ignored, as Mooncake does");
+      return;
+    }
+    if (s.rule == ct::mc_rule::mtu) {
+      if (n.value != 512 && n.value != 1024 && n.value != 2048 && n.value != 4096) {
+        warn(shown + ": Mooncake takes 512, 1024, 2048 or 4096; ignored, as Mooncake does");
+        return;
+      }
+    } else if (n.value < s.mc_lo || n.value > s.mc_hi) {
+      warn(shown + ": Mooncake takes " + std::to_string(s.mc_lo) + ".." + std::to_string(s.mc_hi) +
+           "; ignored, as Mooncake does");
+      return;
+    }
+    const long long x = n.value * s.mc_scale;
+    if (x < s.lo || x > s.hi) {
+      warn(shown + ": tide's " + std::string(s.key) + " takes " + std::to_string(s.lo) + ".." + std::to_string(s.hi) +
+           "; ignored");
+      return;
+    }
+    if (n.trailing)
+      warn(shown + ": read as " + std::to_string(n.value) + " (Mooncake reads the leading digits)");
+    assign(field, x);
+    applied = true;
+  }
 }
 
-}  // namespace
-
-status engine_config::apply_file(const std::string& path) {
-  std::string text;
-  if (auto r = read_file(path, text); !r) return r;
-  return apply_json(text, "config file " + path);
+// The environment onto `c`: per setting TIDE_<KEY>, else its former TIDE_
+// spelling, else Mooncake's variable (and the one Mooncake falls back to).
+status apply_environment(engine_config& c, const warner& warn, source_map* sources) {
+  return ct::each([&](const ct::spec& s, auto member) -> status {
+    auto& field = c.*member;
+    using T = field_t<decltype(field)>;
+    const std::string name = ct::env_name(s.key);
+    if (const char* v = getenv_set(name)) {
+      if (auto r = parse_strict<T>(field, s, name, v); !r) return r;
+      if (sources) (*sources)[std::string(s.key)] = {config_source::environment, name};
+      return {};
+    }
+    if (!s.old_env.empty()) {
+      const std::string old(s.old_env);
+      if (const char* v = getenv_set(old)) {
+        warn(old + " is deprecated: tide reads it as " + name + " (the variable of \"" + std::string(s.key) +
+             "\"); rename it");
+        if (auto r = parse_strict<T>(field, s, old, v); !r) return r;
+        if (sources) (*sources)[std::string(s.key)] = {config_source::environment, old};
+        return {};
+      }
+    }
+    for (std::string_view mc : {s.mc, s.mc_fallback}) {
+      if (mc.empty()) continue;
+      const std::string var(mc);
+      const char* v = getenv_set(var);
+      if (v == nullptr) continue;
+      bool applied = false;
+      apply_mc<T>(field, s, var, v, warn, applied);
+      if (applied && sources) (*sources)[std::string(s.key)] = {config_source::environment, var};
+      break;  // Mooncake reads the fallback only when the first is unset
+    }
+    return {};
+  });
 }
 
-status engine_config::apply_json(std::string_view text, const std::string& origin) {
+// One JSON object onto a copy of `c`, all or nothing; `keys` receives the
+// keys it set.
+status apply_json_object(engine_config& c, std::string_view text, const std::string& origin,
+                         std::vector<std::string>* keys) {
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(text);
@@ -140,57 +276,222 @@ status engine_config::apply_json(std::string_view text, const std::string& origi
     return fail(errc::config_invalid, origin + ": not JSON: " + e.what());
   }
   if (!root.is_object()) return fail(errc::config_invalid, origin + ": expected a JSON object");
-  // Applied to a copy: a file with an error changes nothing.
-  engine_config next = *this;
+  engine_config next = c;
+  std::vector<std::string> seen;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
     const nlohmann::json& v = it.value();
     const std::string where = origin + ": \"" + key + "\"";
     bool known = false;
-    auto number = [&](std::string_view name, std::string_view, auto& field, long long lo, long long hi) -> status {
-      if (name != key) return {};
+    auto r = ct::each([&](const ct::spec& s, auto member) -> status {
+      if (s.key != key) return {};
       known = true;
-      // A flag may be written true / false as well as 1 / 0.
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(field)>, bool>) {
-        if (v.is_boolean()) {
-          field = v.get<bool>();
-          return {};
+      auto& field = next.*member;
+      using T = field_t<decltype(field)>;
+      if constexpr (is_text<T>) {
+        if (!v.is_string()) return fail(errc::config_invalid, where + ": expected a string, got " + v.dump());
+        field = v.get<std::string>();
+      } else if constexpr (is_list<T>) {
+        if (!v.is_array()) return fail(errc::config_invalid, where + ": expected an array of names");
+        T list;
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          if (!v[i].is_string() || v[i].get<std::string>().empty())
+            return fail(errc::config_invalid,
+                        where + "[" + std::to_string(i) + "]: expected a device name, got " + v[i].dump());
+          list.push_back(v[i].get<std::string>());
+        }
+        field = std::move(list);
+      } else {
+        // A flag may be written true / false as well as 1 / 0.
+        if constexpr (is_flag<T>) {
+          if (v.is_boolean()) {
+            field = v.get<bool>();
+            return {};
+          }
+          if (!v.is_number_integer())
+            return fail(errc::config_invalid, where + ": expected true, false, 0 or 1, got " + v.dump());
         }
         if (!v.is_number_integer())
-          return fail(errc::config_invalid, where + ": expected true, false, 0 or 1, got " + v.dump());
+          return fail(errc::config_invalid, where + ": " + range_text(s.lo, s.hi) + ", got " + v.dump());
+        const long long x = v.is_number_unsigned() && v.get<unsigned long long>() > static_cast<unsigned long long>(s.hi)
+                                ? s.hi + 1
+                                : v.get<long long>();
+        if (x < s.lo || x > s.hi)
+          return fail(errc::config_invalid, where + ": " + range_text(s.lo, s.hi) + ", got " + v.dump());
+        assign(field, x);
       }
-      if (!v.is_number_integer())
-        return fail(errc::config_invalid, where + ": " + range_text(lo, hi) + ", got " + v.dump());
-      const long long x = v.is_number_unsigned() && v.get<unsigned long long>() > static_cast<unsigned long long>(hi)
-                              ? hi + 1
-                              : v.get<long long>();
-      if (x < lo || x > hi) return fail(errc::config_invalid, where + ": " + range_text(lo, hi) + ", got " + v.dump());
-      assign(field, x);
       return {};
-    };
-    auto textual = [&](std::string_view name, std::string_view, std::string& field) -> status {
-      if (name != key) return {};
-      known = true;
-      if (!v.is_string()) return fail(errc::config_invalid, where + ": expected a string, got " + v.dump());
-      field = v.get<std::string>();
-      return {};
-    };
-    if (auto r = each_number(next, number); !r) return r;
-    if (auto r = each_text(next, textual); !r) return r;
-    if (key == "devices") {
-      known = true;
-      if (!v.is_array()) return fail(errc::config_invalid, where + ": expected an array of device names");
-      next.devices.clear();
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        if (!v[i].is_string() || v[i].get<std::string>().empty())
-          return fail(errc::config_invalid, where + "[" + std::to_string(i) + "]: expected a device name, got " +
-                                                v[i].dump());
-        next.devices.push_back(v[i].get<std::string>());
-      }
-    }
+    });
+    if (!r) return r;
     if (!known) return fail(errc::config_invalid, origin + ": unknown key \"" + key + "\"");
+    seen.push_back(key);
   }
-  *this = std::move(next);
+  c = std::move(next);
+  if (keys != nullptr) keys->insert(keys->end(), seen.begin(), seen.end());
+  return {};
+}
+
+status read_text_file(const std::string& path, const std::string& what, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail(errc::config_invalid, what + " " + path + ": cannot open (" + std::strerror(errno) + ")");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return fail(errc::config_invalid, what + " " + path + ": read error");
+  out = s.str();
+  return {};
+}
+
+// TIDE_CONFIG's file onto `c`.
+status apply_config_file(engine_config& c, source_map* sources, std::string* path_out) {
+  const char* path = getenv_set("TIDE_CONFIG");
+  if (path == nullptr) return {};
+  if (path_out) *path_out = path;
+  std::string text;
+  if (auto r = read_text_file(path, "config file", text); !r)
+    return fail(errc::config_invalid, "TIDE_CONFIG: " + r.error().detail);
+  std::vector<std::string> keys;
+  if (auto r = apply_json_object(c, text, "config file " + std::string(path), &keys); !r)
+    return fail(errc::config_invalid, "TIDE_CONFIG: " + r.error().detail);
+  if (sources)
+    for (const auto& k : keys) (*sources)[k] = {config_source::file, path};
+  return {};
+}
+
+bool is_tide_name(std::string_view name) {
+  bool known = false;
+  (void)ct::each([&](const ct::spec& s, auto) -> status {
+    known = known || ct::env_name(s.key) == name || s.old_env == name;
+    return {};
+  });
+  return known;
+}
+
+bool is_read_mc_name(std::string_view name) {
+  if (name == "MC_LOG_LEVEL") return true;
+  bool known = false;
+  (void)ct::each([&](const ct::spec& s, auto) -> status {
+    known = known || s.mc == name;
+    return {};
+  });
+  return known;
+}
+
+// Variables of tide's process (not engine settings), and the ones its own
+// scripts, tests and Python package read: not misspellings.
+bool is_other_tide_variable(std::string_view name) {
+  static constexpr std::string_view kExact[] = {"TIDE_CONFIG", "TIDE_LOG_LEVEL", "TIDE_BUILD", "TIDE_ROOT",
+                                                "TIDE_ETCD", "TIDE_METADATA_SERVER", "TIDE_PROMTOOL", "TIDE_PACKAGES"};
+  static constexpr std::string_view kPrefixes[] = {"TIDE_BENCH_", "TIDE_VM_", "TIDE_TEST_", "TIDE_RXE_",
+                                                   "TIDE_TSAN_", "TIDE_FUZZ_", "TIDE_STRESS_", "TIDE_PERFTEST_",
+                                                   "TIDE_RUN_", "TIDE_MOONCAKE_", "TIDE_PY_"};
+  for (auto e : kExact)
+    if (name == e) return true;
+  for (auto p : kPrefixes)
+    if (name.starts_with(p)) return true;
+  return false;
+}
+
+// Names in the environment that look like settings and are none: a
+// misspelt TIDE_* (warned; the file refuses unknown keys, the environment
+// cannot), and the MC_* spellings of tide's own settings that earlier tide
+// read and Mooncake never defined.
+void check_names(const warner& warn) {
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (name.starts_with("TIDE_")) {
+      if (!is_tide_name(name) && !is_other_tide_variable(name))
+        warn(std::string(name) + " is not a tide setting: ignored (docs/configuration.md lists them)");
+    } else if (name.starts_with("MC_") && !is_read_mc_name(name)) {
+      const std::string tide_name = "TIDE_" + std::string(name.substr(3));
+      if (is_tide_name(tide_name))
+        warn(std::string(name) + " is not a Mooncake variable and tide does not read it: set " + tide_name);
+    }
+  }
+}
+
+// This host's first non-loopback IPv4 address that is up, and its interface.
+std::optional<std::pair<std::string, std::string>> first_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<std::pair<std::string, std::string>> found;
+  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_LOOPBACK) != 0 || (a->ifa_flags & IFF_UP) == 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) found.emplace(text, a->ifa_name);
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// custom_topology_file into custom_topology_json (which wins when set).
+status read_topology_file(engine_config& c, source_map& sources, const warner& warn) {
+  if (c.custom_topology_file.empty()) return {};
+  const auto& src = sources["custom_topology_file"];
+  const bool from_mooncake = src.first == config_source::environment && src.second.starts_with("MC_");
+  const std::string named = "custom_topology_file (" + (src.second.empty() ? std::string(to_string(src.first)) : src.second) + ")";
+  if (!c.custom_topology_json.empty()) {
+    warn(named + " \"" + c.custom_topology_file + "\" is not read: custom_topology_json is set and wins");
+    return {};
+  }
+  std::string text;
+  status r = read_text_file(c.custom_topology_file, named + ":", text);
+  if (r) {
+    if (auto m = topology::priority_matrix::from_json(text); !m)
+      r = fail(errc::config_invalid, named + " " + c.custom_topology_file + ": " + m.error().detail);
+  }
+  if (!r) {
+    if (!from_mooncake) return r;
+    warn(r.error().detail + "; the device scan is used instead, as Mooncake does");
+    c.custom_topology_file.clear();
+    return {};
+  }
+  c.custom_topology_json = std::move(text);
+  sources["custom_topology_json"] = {config_source::file, c.custom_topology_file};
+  return {};
+}
+
+}  // namespace
+
+std::string_view to_string(config_source s) noexcept {
+  switch (s) {
+    case config_source::default_value: return "default";
+    case config_source::automatic: return "automatic";
+    case config_source::file: return "file";
+    case config_source::environment: return "environment";
+    case config_source::program: return "program";
+  }
+  return "?";
+}
+
+std::string config_report::to_text() const {
+  std::size_t width = 0;
+  for (const auto& s : settings) width = std::max(width, s.key.size() + 3 + s.value.size());
+  std::string out;
+  for (const auto& s : settings) {
+    std::string line = s.key + " = " + s.value;
+    line.resize(std::max(line.size(), width + 2), ' ');
+    line += "(" + std::string(to_string(s.source));
+    if (!s.origin.empty()) line += " " + s.origin;
+    line += ")\n";
+    out += line;
+  }
+  for (const auto& w : warnings) out += "warning: " + w + "\n";
+  return out;
+}
+
+status engine_config::apply_file(const std::string& path) {
+  std::string text;
+  if (auto r = read_text_file(path, "config file", text); !r) return r;
+  return apply_json(text, "config file " + path);
+}
+
+status engine_config::apply_json(std::string_view text, const std::string& origin) {
+  std::vector<std::string> keys;
+  if (auto r = apply_json_object(*this, text, origin, &keys); !r) return r;
+  set_keys.insert(keys.begin(), keys.end());
   return {};
 }
 
@@ -201,39 +502,86 @@ result<engine_config> engine_config::from_file(const std::string& path) {
 }
 
 status engine_config::apply_env() {
-  std::string which;
-  if (const char* path = std::getenv("TIDE_CONFIG"); path != nullptr && *path != '\0')
-    if (auto r = apply_file(path); !r) return fail(errc::config_invalid, "TIDE_CONFIG: " + r.error().detail);
-  auto number = [&](std::string_view, std::string_view name, auto& field, long long lo, long long hi) -> status {
-    if (name.empty()) return {};
-    const char* v = env(name, which);
-    if (v == nullptr) return {};
-    long long x = 0;
-    const std::string_view s(v);
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
-    if (ec != std::errc{} || p != s.data() + s.size() || x < lo || x > hi)
-      return fail(errc::config_invalid, which + "=\"" + std::string(s) + "\": " + range_text(lo, hi));
-    assign(field, x);
+  const warner warn(nullptr);
+  if (auto r = apply_config_file(*this, nullptr, nullptr); !r) return r;
+  if (auto r = apply_environment(*this, warn, nullptr); !r) return r;
+  check_names(warn);
+  return {};
+}
+
+result<engine_config> engine_config::resolve(config_report* report) const {
+  config_report local;
+  config_report& rep = report != nullptr ? *report : local;
+  rep = config_report{};
+  const warner warn(&rep);
+  const engine_config defaults;
+  engine_config out;
+  source_map sources;
+  if (auto r = apply_config_file(out, &sources, &rep.file); !r) return fail(r.error());
+  if (auto r = apply_environment(out, warn, &sources); !r) return fail(r.error());
+  for (const auto& k : set_keys) {
+    bool known = false;
+    (void)ct::each([&](const ct::spec& s, auto) -> status {
+      known = known || s.key == k;
+      return {};
+    });
+    if (!known) return fail(errc::config_invalid, "set_keys: unknown key \"" + k + "\"");
+  }
+  // The program's values last; they are checked against the same ranges.
+  auto r = ct::each([&](const ct::spec& s, auto member) -> status {
+    const auto& mine = this->*member;
+    using T = field_t<decltype(mine)>;
+    if (mine == defaults.*member && !set_keys.contains(s.key)) return {};
+    if constexpr (!is_text<T> && !is_list<T>) {
+      long long x = 0;
+      if constexpr (is_duration<T>::value) x = static_cast<long long>(mine.count());
+      else x = static_cast<long long>(mine);
+      if (x < s.lo || x > s.hi)
+        return fail(errc::config_invalid, std::string(s.key) + " = " + std::to_string(x) + ": " + range_text(s.lo, s.hi));
+    }
+    out.*member = mine;
+    sources[std::string(s.key)] = {config_source::program, ""};
     return {};
-  };
-  auto textual = [&](std::string_view, std::string_view name, std::string& field) -> status {
-    if (name.empty()) return {};
-    if (const char* v = env(name, which)) field = v;
-    return {};
-  };
-  if (auto r = each_number(*this, number); !r) return r;
-  if (auto r = each_text(*this, textual); !r) return r;
-  // Mooncake's switch to its TCP transport.
-  if (const char* v = env("FORCE_TCP", which)) {
-    std::string x(v);
-    std::transform(x.begin(), x.end(), x.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-    if (x == "1" || x == "true" || x == "yes" || x == "on") {
-      transports = "tcp";
-    } else if (x != "0" && x != "false" && x != "no" && x != "off") {
-      return fail(errc::config_invalid, which + "=\"" + std::string(v) + "\": expected 1/true/yes/on or 0/false/no/off");
+  });
+  if (!r) return fail(r.error());
+  out.set_keys = set_keys;
+
+  if (out.local_server_name.empty()) {
+    if (auto ip = first_ipv4()) {
+      out.local_server_name = ip->first;
+      sources["local_server_name"] = {config_source::automatic, "first non-loopback IPv4 address, on " + ip->second};
+    } else {
+      out.local_server_name = "127.0.0.1";
+      sources["local_server_name"] = {config_source::automatic,
+                                      "no non-loopback IPv4 address: only this host can reach 127.0.0.1"};
     }
   }
-  return {};
+  if (auto t = read_topology_file(out, sources, warn); !t) return fail(t.error());
+  check_names(warn);
+  // The log threshold is read now, so a bad TIDE_LOG_LEVEL is reported at create (the log
+  // module says so once; the report says so every time).
+  (void)get_log_level();
+  for (const char* name : {"TIDE_LOG_LEVEL", "MC_LOG_LEVEL"}) {
+    const char* v = getenv_set(name);
+    if (v == nullptr) continue;
+    if (!parse_log_level(v))
+      rep.warnings.push_back(std::string(name) + "=\"" + std::string(v).substr(0, 64) +
+                             "\" is not a log level (error, warn, info, debug, off); using warn");
+    break;
+  }
+
+  (void)ct::each([&](const ct::spec& s, auto member) -> status {
+    config_value v;
+    v.key = std::string(s.key);
+    v.value = render(out.*member);
+    if (auto it = sources.find(s.key); it != sources.end()) {
+      v.source = it->second.first;
+      v.origin = it->second.second;
+    }
+    rep.settings.push_back(std::move(v));
+    return {};
+  });
+  return out;
 }
 
 result<transport_set> parse_transports(std::string_view text) {
@@ -256,3 +604,27 @@ result<transport_set> parse_transports(std::string_view text) {
 }
 
 }  // namespace tide
+
+namespace tide::detail {
+
+void log_config_sources(const config_report& report) {
+  if (!log_enabled(log_level::info)) return;
+  std::string file, env, program, automatic;
+  for (const auto& s : report.settings) {
+    switch (s.source) {
+      case config_source::file: file += (file.empty() ? "" : ", ") + s.key; break;
+      case config_source::environment: env += (env.empty() ? "" : ", ") + s.origin; break;
+      case config_source::program: program += (program.empty() ? "" : ", ") + s.key; break;
+      case config_source::automatic: automatic += "; " + s.key + " " + s.value + " (" + s.origin + ")"; break;
+      case config_source::default_value: break;
+    }
+  }
+  std::string line = "configuration: defaults";
+  if (!report.file.empty()) line += "; TIDE_CONFIG " + report.file + ": " + (file.empty() ? "nothing" : file);
+  if (!env.empty()) line += "; environment: " + env;
+  if (!program.empty()) line += "; program: " + program;
+  line += automatic;
+  log_write(log_level::info, line);
+}
+
+}  // namespace tide::detail

@@ -132,6 +132,8 @@ result<peer_route> endpoint::route_to(const handshake_desc& peer) const {
   r.base.path_mtu = verbs::path_mtu(params_.mtu, peer_mtu);
   r.base.sgid_index = params_.gid_index;
   r.base.port = params_.port;
+  r.base.traffic_class = params_.traffic_class;
+  r.base.service_level = params_.service_level;
   r.qp_num = peer.qp_num;
   r.own_psn = peer.psn.has_value() && peer.psn->size() == peer.qp_num.size();
   r.rq_psn = r.own_psn ? *peer.psn : std::vector<std::uint32_t>(peer.qp_num.size(), 0);
@@ -198,7 +200,10 @@ status endpoint::lane_connect(std::uint32_t i, const peer_route& r) {
   l.left_reset = false;
   // A marker still in the ring is the same slice: never push it twice.
   l.drain_posted = l.drain_posted && in_ring(i, &l.drain);
-  if (auto s = qp.to_init(params_.port); !s) return s;
+  if (auto s = qp.to_init(params_.port, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE,
+                          params_.pkey_index);
+      !s)
+    return s;
   l.left_reset = true;
   if (i == 0 && notify_.enabled()) {
     // Before RTR: a SEND from the peer can only meet a posted receive.  A

@@ -98,7 +98,7 @@ status queue_pair::to_init(std::uint8_t port, int access, std::uint16_t pkey_ind
   attr.pkey_index = pkey_index;
   attr.qp_access_flags = static_cast<unsigned>(access);
   auto r = modify(attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT",
-                  "port " + std::to_string(port));
+                  "port " + std::to_string(port) + ", pkey index " + std::to_string(pkey_index));
   if (r) port_ = port;
   return r;
 }
@@ -111,6 +111,8 @@ status queue_pair::to_rtr(const remote_qp& peer, const rc_params& params) {
   if (mtu_bytes(peer.path_mtu) == 0)
     return fail(errc::invalid_argument, "to_rtr: path_mtu " + std::to_string(static_cast<int>(peer.path_mtu)) +
                                             " is not an ibv_mtu value");
+  if (peer.service_level > 15)
+    return fail(errc::invalid_argument, "to_rtr: service level " + std::to_string(peer.service_level) + " outside 0..15");
   if (peer.sgid_index < 0 || peer.sgid_index > 255)
     return fail(errc::invalid_argument, "to_rtr: sgid_index " + std::to_string(peer.sgid_index) + " outside 0..255");
   ibv_qp_attr attr{};
@@ -136,7 +138,9 @@ status queue_pair::to_rtr(const remote_qp& peer, const rc_params& params) {
                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
                 "RTR",
                 "peer qp_num " + std::to_string(peer.qp_num) + ", peer gid " + peer.dgid.to_string() + ", mtu " +
-                    std::to_string(mtu_bytes(peer.path_mtu)) + ", sgid_index " + std::to_string(peer.sgid_index));
+                    std::to_string(mtu_bytes(peer.path_mtu)) + ", sgid_index " + std::to_string(peer.sgid_index) +
+                    ", traffic class " + std::to_string(peer.traffic_class) + ", sl " +
+                    std::to_string(peer.service_level));
 }
 
 status queue_pair::to_rts(const rc_params& params) {

@@ -17,6 +17,32 @@
 #include <optional>
 
 namespace tide {
+namespace detail {
+
+/// One INFO line: which file, variables and program keys set the
+/// configuration, and what local_server_name became (config.cpp).
+void log_config_sources(const config_report& report);
+
+/// "eviction sieve, shard_hash ..., idle ..., path ..., metadata p2p": the
+/// policy set as its policies name themselves.
+template <class P>
+std::string policy_names() {
+  std::string s;
+  auto add = [&s](std::string_view what, std::string_view name) {
+    if (!s.empty()) s += ", ";
+    s += what;
+    s += ' ';
+    s += name;
+  };
+  if constexpr (requires { P::eviction::kName; }) add("eviction", P::eviction::kName);
+  if constexpr (requires { P::shard_hash::kName; }) add("shard_hash", P::shard_hash::kName);
+  if constexpr (requires { P::idle::kName; }) add("idle", P::idle::kName);
+  if constexpr (requires { P::path::kName; }) add("path", P::path::kName);
+  if constexpr (requires { metadata_of<P>::type::kName; }) add("metadata", metadata_of<P>::type::kName);
+  return s;
+}
+
+}  // namespace detail
 
 template <class P>
 struct transfer_engine<P>::impl {
@@ -102,8 +128,12 @@ std::uint16_t transfer_engine<P>::handshake_port() const noexcept {
 }
 
 template <class P>
-result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_config cfg) {
-  if (auto r = cfg.apply_env(); !r) return fail(r.error());
+result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_config given) {
+  config_report report;
+  auto resolved = given.resolve(&report);
+  if (!resolved) return fail(resolved.error());
+  engine_config cfg = std::move(*resolved);
+  detail::log_config_sources(report);
   // The segment name is the server part of this engine's NIC paths
   // ("<name>@<device>"); one with an '@' would split elsewhere than it was
   // joined, and a peer would file its notifications under another name.
@@ -271,11 +301,15 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.context.port = e->cfg_.ib_port;
   tc.context.gid_index = e->cfg_.gid_index;
   tc.context.mtu_cap = e->cfg_.mtu;
+  tc.context.traffic_class = e->cfg_.ib_traffic_class;
+  tc.context.service_level = e->cfg_.ib_service_level;
+  tc.context.pkey_index = e->cfg_.pkey_index;
   tc.context.num_qp_per_ep = e->cfg_.num_qp_per_ep;
+  // Mooncake's workers per context: tide's lanes are its QPs per endpoint.
   if (e->cfg_.workers_per_context != 0 && e->cfg_.workers_per_context != e->cfg_.num_qp_per_ep)
-    return fail(errc::config_invalid, "workers_per_context (" + std::to_string(e->cfg_.workers_per_context) +
-                                          ") must be 0 or equal num_qp_per_ep (" +
-                                          std::to_string(e->cfg_.num_qp_per_ep) + "): a lane owns one QP per endpoint");
+    TIDE_LOG_INFO("workers_per_context " << e->cfg_.workers_per_context << ": tide runs num_qp_per_ep = "
+                                         << e->cfg_.num_qp_per_ep
+                                         << " lanes per device (a lane owns one QP of each endpoint); the value is not used");
   if (e->cfg_.max_cqe < 1) return fail(errc::config_invalid, "max_cqe must be >= 1");
   if (e->cfg_.max_wr < 1) return fail(errc::config_invalid, "max_wr must be >= 1");
   if (e->cfg_.max_rd_atomic < 1) return fail(errc::config_invalid, "max_rd_atomic must be >= 1");
@@ -335,6 +369,15 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   if (kinds->rdma && e->transport_->context_count() == 0)
     TIDE_LOG_WARN("no RDMA device on this host: " << e->name_ << " runs on TCP alone (data port "
                                                   << im->tcp->port() << ")");
+  TIDE_LOG_INFO("engine " << e->name_ << ": handshake port " << im->server->port() << " on " << e->cfg_.bind_host
+                          << ", metadata " << (e->cfg_.metadata.empty() ? "in-process" : e->cfg_.metadata)
+                          << ", transports: "
+                          << (e->transport_->context_count() != 0
+                                  ? "rdma on " + std::to_string(e->transport_->context_count()) + " device(s)"
+                                  : std::string("no rdma"))
+                          << (im->tcp ? ", tcp data port " + std::to_string(im->tcp->port()) : std::string())
+                          << "; policies " << detail::policy_names<P>()
+                          << (im->secret ? "; cluster secret on" : "; no cluster secret"));
   im->transport.store(e->transport_.get(), std::memory_order_release);
   im->outbox->set_rdma([self](segment_id target, rdma::detail::notify_send* n) {
     return self->transport_->send_notify_rdma(target, n);

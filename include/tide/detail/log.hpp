@@ -1,28 +1,33 @@
 #pragma once
-/// Minimal leveled logging to stderr.  The threshold comes from
-/// TIDE_LOG_LEVEL (error, warn, info, debug; default warn), read once.
-/// Not for the hot path: call it on setup and error paths only.
+/// The logging macros tide's own code uses (<tide/log.hpp> is the public
+/// side: the sink and the threshold).  Not for the hot path: call them on
+/// setup and error paths only.
+
+#include <tide/log.hpp>
 
 #include <sstream>
 #include <string_view>
 
 namespace tide::detail {
 
-enum class log_level : int { error = 0, warn = 1, info = 2, debug = 3 };
+using tide::log_level;
 
-/// True when messages of `level` are printed.
+/// True when lines of `level` are written (the threshold; see <tide/log.hpp>).
 [[nodiscard]] bool log_enabled(log_level level) noexcept;
-/// Writes one line "[tide <level>] <msg>" to stderr atomically (one write()).
+/// Hands one line to the installed sink, else writes it to stderr with the
+/// time and the thread id in one write().  Never throws.
 void log_write(log_level level, std::string_view msg) noexcept;
+/// The stderr form of a line: "<UTC time with us>Z <tid> [tide <level>] <msg>\n".
+[[nodiscard]] std::string log_format(log_level level, std::string_view msg);
 
 }  // namespace tide::detail
 
 #define TIDE_LOG(level, expr)                                                      \
   do {                                                                             \
-    if (::tide::detail::log_enabled(::tide::detail::log_level::level)) {           \
+    if (::tide::detail::log_enabled(::tide::log_level::level)) {                   \
       std::ostringstream tide_log_os_;                                             \
       tide_log_os_ << expr;                                                        \
-      ::tide::detail::log_write(::tide::detail::log_level::level, tide_log_os_.str()); \
+      ::tide::detail::log_write(::tide::log_level::level, tide_log_os_.str());     \
     }                                                                              \
   } while (0)
 #define TIDE_LOG_ERROR(expr) TIDE_LOG(error, expr)

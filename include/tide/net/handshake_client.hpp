@@ -54,7 +54,7 @@ struct request_options {
   std::string identity;
   /// When it becomes true, a request under way gives up within kAbortPoll
   /// (errc::canceled): an engine going away must not wait out the timeouts
-  /// above for a dead or hung peer (review turn 3, finding 6).  Null = never.
+  /// above for a dead or hung peer.  Null = never.
   /// The owner keeps it alive across every request that uses it.
   const std::atomic<bool>* abort = nullptr;
 };

@@ -50,7 +50,7 @@ class batch_table {
   /// A table of at most `max_batches` batches of at most `max_tasks` tasks
   /// each.  A batch's memory (~128 B per task, rounded up to a power of two
   /// of tasks) is never returned while the table lives, so the cap bounds
-  /// what one allocate can pin for good (review turn 3, finding 19).
+  /// what one allocate can pin for good.
   /// Errors: config_invalid (0 or more than 2^24 batches, 0 or more than
   /// 2^30 tasks).
   [[nodiscard]] static result<std::unique_ptr<batch_table>> create(std::size_t max_batches,
@@ -102,7 +102,7 @@ class batch_table {
   /// submit to it is refused (errc::canceled).  Serialised with submit and
   /// free by the batch's submit mutex, and the id is checked again under
   /// it, so a batch freed and handed out again meanwhile is left alone
-  /// (unknown_batch; review turn 3, finding 13).  Errors: unknown_batch.
+  /// (unknown_batch).  Errors: unknown_batch.
   [[nodiscard]] status cancel(batch_id id) noexcept;
   /// Sets (or with nullptr clears) the listener told when the batch's last
   /// unfinished task turns final; told at once when none is unfinished.

@@ -34,7 +34,7 @@
 /// long as that attempt took, clamped to [kMinHoldOff, kMaxHoldOff]:
 /// endpoints made for it meanwhile fail at once with the same error
 /// instead of each queueing another attempt that holds a thread for
-/// seconds (review turn 3, finding 6).  A fast failure (connection
+/// seconds.  A fast failure (connection
 /// refused: the process is gone, the host answers) is not held off, so a
 /// restarted peer is reached again at once.
 
@@ -133,7 +133,7 @@ class connector {
       return r;
     };
     // Before the store is touched: a bad request must neither make QPs nor
-    // evict an idle endpoint a real peer still uses (finding 15).
+    // evict an idle endpoint a real peer still uses.
     if (auto ok = endpoint::check_request(req, ctx_.params().num_qp); !ok) return reject(ok.error().message());
     for (int attempt = 0; attempt < 3; ++attempt) {
       auto h = ctx_.endpoint_for(req.local_nic_path);
@@ -302,7 +302,7 @@ class connector {
       return;
     }
     // CAS: an eviction since the check above (on_evict sets destroying
-    // without the setup mutex) must not be undone (finding 16).
+    // without the setup mutex) must not be undone.
     if (!e.transition(endpoint_state::connecting, endpoint_state::establishing)) {
       setup.unlock();
       ctx_.lanes().wake_all();

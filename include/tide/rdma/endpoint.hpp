@@ -52,6 +52,9 @@ struct endpoint_params {
   const verbs::protection_domain* pd = nullptr;
   std::string local_nic_path;      ///< "<server>@<device>"
   std::uint8_t port = 1;
+  std::uint8_t traffic_class = 0;  ///< GRH traffic class of every QP (RTR)
+  std::uint8_t service_level = 0;  ///< address vector SL of every QP (RTR)
+  std::uint16_t pkey_index = 0;    ///< P_Key index of every QP (INIT)
   int gid_index = 0;
   verbs::gid local_gid;
   std::uint16_t lid = 0;
@@ -102,7 +105,7 @@ struct lane_qp {
   /// The drain marker: one signaled WR posted after the QP went to ERR.  Its
   /// completion (flushed, or successful if the QP never left RTS) retires
   /// everything posted before it, which an unsignaled last WR would
-  /// otherwise leave in the ring for good (review turn 3, finding 10).  Its
+  /// otherwise leave in the ring for good.  Its
   /// hook makes it no transfer's WR.
   detail::slice drain;
 };
@@ -206,7 +209,7 @@ class endpoint {
   /// endpoint is up, also while the passive side still waits for the
   /// active side's ready ack.  Credits are owed only for messages the peer
   /// sent, so its QP is RTS by then; holding them back until the ack (or
-  /// its 10 s deadline) kept lane 0 spinning (review 1ab3d99, finding 18).
+  /// its 10 s deadline) kept lane 0 spinning.
   [[nodiscard]] static constexpr bool credits_may_go_out(endpoint_state s) noexcept {
     return s == endpoint_state::establishing || s == endpoint_state::connected_wait_ready_ack ||
            s == endpoint_state::connected;
@@ -273,7 +276,7 @@ class endpoint {
   /// that work away and make the next insert start over).  A ready ack past
   /// its deadline no longer pins: a peer that crashed before its ack, or
   /// whose ack was lost, must not hold two RTS QPs and a store slot for
-  /// good (review turn 3, finding 3).  Any thread.
+  /// good.  Any thread.
   [[nodiscard]] bool pinned() const noexcept {
     const auto st = state();
     if (st == endpoint_state::connected_wait_ready_ack && !ack_overdue()) return true;
@@ -286,7 +289,7 @@ class endpoint {
            ack_deadline_ns_.load(std::memory_order_acquire);
   }
   /// Checks a Connection request before any endpoint is made or evicted for
-  /// it (review turn 3, finding 15): the sender's path is "<server>@<nic>",
+  /// it: the sender's path is "<server>@<nic>",
   /// it has `num_qp` QP numbers (24-bit, non-zero) and PSNs to match, and a
   /// GID that is not all zero.  Errors: qp_count_mismatch,
   /// handshake_rejected naming the field.  Any thread.

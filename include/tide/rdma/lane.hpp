@@ -127,7 +127,7 @@ class lane final : public detail::notify_sink {
   /// Stops and joins the thread (it drains first, bounded), then retires
   /// what reached the queue after the thread's last look and answers the
   /// mail it left.  From then on submit() retires and send() answers at
-  /// once (review turn 3, finding 2).  The idle strategy stays until the
+  /// once.  The idle strategy stays until the
   /// lane is destroyed: a late wake() must find it.  Idempotent.
   void stop() noexcept {
     if (running_.exchange(false, std::memory_order_acq_rel)) {
@@ -267,7 +267,7 @@ class lane final : public detail::notify_sink {
         // (Or a notification waits for a credit: that wait is bounded by
         // time, which a sleep would not see pass.)
         // Completions are on their way and this idle strategy would sleep
-        // past them (finding 8): keep polling.
+        // past them: keep polling.
         detail::cpu_relax();
         continue;
       }
@@ -429,7 +429,7 @@ class lane final : public detail::notify_sink {
       if (!e.ready()) continue;
       if (e.lane_cq(index_) != cq_->native_handle()) [[unlikely]] {
         // Made from the CQ table just before this lane rebuilt its CQ: WRs
-        // posted here would complete where nobody polls (finding 9).
+        // posted here would complete where nobody polls.
         ctx_.retire_endpoint_ptr(&e);
         g.ep.reset();
         did = true;
@@ -499,7 +499,7 @@ class lane final : public detail::notify_sink {
       // The QP names the endpoint, and its ring must hold the slice, before
       // the slice is touched at all: a completion for a slice that is not
       // there (stale, or for a WR since re-dispatched elsewhere) would
-      // retire work still on the wire, twice (review turn 3, finding 11).
+      // retire work still on the wire, twice.
       endpoint* e = owner_of(wc.qp_num);
       if (e == nullptr || !e->in_ring(index_, s)) [[unlikely]] {
         stray_completion(wc, e);
@@ -541,7 +541,7 @@ class lane final : public detail::notify_sink {
 
   // After "QP to ERR": the drain marker behind the QP's ring, so that the
   // ring retires even when the last WR posted was unsignaled and no flush
-  // completion would come for it (review turn 3, finding 10).  Without a
+  // completion would come for it.  Without a
   // free CQ entry (or send queue slot) it is tried again on later passes;
   // undrained_ holds the endpoint meanwhile.
   void drain(endpoint& e) noexcept {
@@ -598,7 +598,7 @@ class lane final : public detail::notify_sink {
   // back to the transport (completion_queue_error) for another path: in the
   // other order an endpoint made between the two from the old CQ table
   // survived with its QP on the abandoned CQ, and a retry could land on it
-  // (review turn 3, finding 9; post_pending also refuses such a QP).  The
+  // (post_pending also refuses such a QP).  The
   // old CQ lives until its QPs are destroyed.
   void on_cq_error(const char* why) noexcept {
     TIDE_LOG_WARN(ctx_.name() << ": lane " << index_ << ": completion queue error (" << why

@@ -48,6 +48,12 @@ struct context_config {
   std::uint8_t port = 1;
   int gid_index = -1;             ///< -1: automatic (verbs::select_gid_index)
   int mtu_cap = 4096;             ///< bytes; the path MTU is min(both ends' active MTU, this)
+  /// Every QP's GRH traffic class, service level and P_Key index (Mooncake's
+  /// MC_IB_TC, MC_IB_SL, MC_PKEY_INDEX); the P_Key index must be inside the
+  /// port's table.
+  std::uint8_t traffic_class = 0;
+  std::uint8_t service_level = 0;
+  std::uint16_t pkey_index = 0;
   /// Lanes per context = QPs per endpoint (Mooncake's MC_NUM_QP_PER_EP; both
   /// ends must agree, the handshake checks it).
   std::uint32_t num_qp_per_ep = 2;
@@ -164,7 +170,7 @@ class rdma_context {
   /// Teardown began: the context is inactive from now on, whatever the port
   /// does (a PORT_ACTIVE event cannot bring it back), so no lane makes new
   /// endpoints and no retry picks it.  The transport calls it on every
-  /// context before it shuts the first one down (finding 2).  Any thread.
+  /// context before it shuts the first one down.  Any thread.
   void begin_stop() noexcept { stopping_.store(true, std::memory_order_release); }
 
   /// Lane i's current CQ (setup path: lane start, endpoint creation).
@@ -420,6 +426,12 @@ class rdma_context {
     clamp(cfg_.rc.max_dest_rd_atomic, dev.max_qp_rd_atom, "max_rd_atomic (as responder)");
     const std::uint32_t half = std::max<std::uint32_t>(1, cfg_.caps.max_send_wr / 2);
     clamp(cfg_.signal_interval, half, "signal_interval (max_wr / 2)");
+    if (cfg_.service_level > 15)
+      return fail(errc::config_invalid, "ib_service_level must be 0..15, got " + std::to_string(cfg_.service_level));
+    if (port.pkey_tbl_len > 0 && cfg_.pkey_index >= port.pkey_tbl_len)
+      return fail(errc::config_invalid, "pkey_index " + std::to_string(cfg_.pkey_index) + ": port " +
+                                            std::to_string(cfg_.port) + " of " + cfg_.device + " has a P_Key table of " +
+                                            std::to_string(port.pkey_tbl_len) + " entries");
     max_msg_size_ = port.max_msg_sz;
     return {};
   }
@@ -468,6 +480,9 @@ class rdma_context {
     params_.pd = &*pd_;
     params_.local_nic_path = cfg_.local_server_name + "@" + cfg_.device;
     params_.port = cfg_.port;
+    params_.traffic_class = cfg_.traffic_class;
+    params_.service_level = cfg_.service_level;
+    params_.pkey_index = cfg_.pkey_index;
     params_.gid_index = *gid_index;
     params_.local_gid = *gid;
     params_.lid = port->lid;
@@ -475,7 +490,7 @@ class rdma_context {
     params_.num_qp = static_cast<std::uint32_t>(lanes);
     params_.caps = cfg_.caps;
     // No receives on the data QPs but QP 0's notification buffers: no RQ
-    // slots to speak of otherwise (finding 18).
+    // slots to speak of otherwise.
     cfg_.notify_credits = std::min(cfg_.notify_credits, kMaxNotifyCredits);
     params_.caps.max_recv_wr = cfg_.notify_credits != 0 ? cfg_.notify_credits + detail::kCreditReserve : 1;
     params_.caps.max_recv_sge = 1;
@@ -491,6 +506,12 @@ class rdma_context {
     params_.retire = [this](endpoint& e) { lanes_.send_fail(e); };
     active_.store(port->state == IBV_PORT_ACTIVE, std::memory_order_release);
     if (!active()) TIDE_LOG_WARN(cfg_.device << ": port " << int(cfg_.port) << " is not active");
+    TIDE_LOG_INFO(cfg_.device << ": opened port " << int(cfg_.port) << " as " << params_.local_nic_path << ", GID index "
+                              << *gid_index << " (" << gid->to_string() << "), active MTU "
+                              << verbs::mtu_bytes(port->active_mtu) << ", path MTU at most "
+                              << verbs::mtu_bytes(params_.mtu) << ", " << lanes << " lanes, traffic class "
+                              << int(cfg_.traffic_class) << ", SL " << int(cfg_.service_level) << ", P_Key index "
+                              << cfg_.pkey_index);
     return lanes_.start(lanes, cfg_.numa_node, cfg_.lane_cpus);
   }
 

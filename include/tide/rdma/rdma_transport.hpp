@@ -358,7 +358,7 @@ class rdma_transport {
   std::vector<buffer_change> changes_;
 
   // Snapshot and store write happen under one mutex, so an older snapshot is
-  // never stored after a newer one (review turn 3, finding 7).
+  // never stored after a newer one.
   std::mutex publish_mu_;
   std::uint64_t published_gen_ = ~std::uint64_t{0};  ///< under publish_mu_: local_gen_ of the last stored snapshot
   /// Under publish_mu_: unregistered buffers whose MRs deregister once a

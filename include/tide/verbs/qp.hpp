@@ -45,8 +45,8 @@ struct remote_qp {
   ibv_mtu path_mtu = IBV_MTU_1024;  ///< path_mtu(local active, peer active): see device.hpp
   int sgid_index = 0;               ///< the LOCAL GID index (select_gid_index)
   std::uint8_t port = 0;            ///< the LOCAL port; 0 = the port given to to_init
-  std::uint8_t traffic_class = 0;
-  std::uint8_t service_level = 0;
+  std::uint8_t traffic_class = 0;  ///< GRH traffic class (on RoCE the IP header's DSCP << 2 | ECN)
+  std::uint8_t service_level = 0;  ///< the address vector's SL, 0..15
   std::uint32_t rq_psn = 0;         ///< the peer's send PSN
 };
 
@@ -80,14 +80,15 @@ class queue_pair {
 
   /// RESET -> INIT on `port` with `access` (default local write, remote
   /// read/write; Mooncake also grants REMOTE_ATOMIC, which nothing in tide
-  /// uses, so tide does not). Errors: qp_state_error (detail: errno text).
+  /// uses, so tide does not) and the P_Key at `pkey_index` of the port's
+  /// table. Errors: qp_state_error (detail: errno text, port, pkey index).
   [[nodiscard]] status to_init(std::uint8_t port,
                                int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE,
                                std::uint16_t pkey_index = 0);
-  /// INIT -> RTR towards `peer` (GRH with hop limit, rq_psn, min_rnr_timer,
-  /// max_dest_rd_atomic from `params`). Errors: invalid_argument (zero GID,
-  /// qp_num 0, MTU outside the enum), qp_state_error (detail names the peer qp_num,
-  /// MTU and sgid index).
+  /// INIT -> RTR towards `peer` (GRH with hop limit, traffic class and SL
+  /// from `peer`; rq_psn, min_rnr_timer, max_dest_rd_atomic from `params`).
+  /// Errors: invalid_argument (zero GID, qp_num 0, MTU outside the enum, SL
+  /// above 15), qp_state_error (detail names the peer qp_num, MTU and sgid index).
   [[nodiscard]] status to_rtr(const remote_qp& peer, const rc_params& params = {});
   /// RTR -> RTS (timeout, retry_cnt, rnr_retry, sq_psn, max_rd_atomic). Errors: qp_state_error.
   [[nodiscard]] status to_rts(const rc_params& params = {});

@@ -15,7 +15,8 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
     return fail(errc::config_invalid, "slice_size must be 1..1 GiB, got " + std::to_string(cfg.slice_size));
   if (cfg.fragment_limit > cfg.slice_size)
     return fail(errc::config_invalid, "fragment_limit must be <= slice_size");
-  if (cfg.max_retry > 64) return fail(errc::config_invalid, "max_retry must be <= 64");
+  // A slice counts its retries in 8 bits (saturating); Mooncake's MC_RETRY_CNT takes up to 127.
+  if (cfg.max_retry > 255) return fail(errc::config_invalid, "max_retry must be <= 255");
   auto batches = batch_table::create(cfg.max_batches, cfg.max_tasks_per_batch);
   if (!batches) return fail(batches.error());
   std::unique_ptr<rdma_transport> t(new rdma_transport(cfg));

@@ -100,8 +100,8 @@ struct rail_health_config {
 /// while the peer process lives on.  No ACK came (a loss burst, the peer
 /// re-handshook with new QPs or restarted quickly), the peer's responder
 /// rejected the request (remote_operation_error: under Soft-RoCE drops a
-/// stale or out-of-sequence request gets IBV_WC_REM_INV_REQ_ERR, issue 17
-/// item 7), the QP went bad (here or, in a rejected handshake, at the
+/// stale or out-of-sequence request gets IBV_WC_REM_INV_REQ_ERR), the QP
+/// went bad (here or, in a rejected handshake, at the
 /// peer: rdma/connector.hpp), or the WR was flushed with such a QP (a
 /// victim of the same outage), or the peer turned the connect down over a
 /// race in its endpoint store and asked for another attempt (busy:
