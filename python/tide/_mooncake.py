@@ -3,7 +3,7 @@
 Same method names, positional and keyword arguments, return values and
 failure sentinels (0 / -1; batch id 0 on failure), so that a program written
 for Mooncake runs after ``from tide import TransferEngine``.  Where Mooncake
-crashes or misbehaves, tide answers instead (each case is in README.md):
+crashes or misbehaves, tide answers instead (each case is in docs/python.md):
 
 - every call before ``initialize`` returns the sentinel (or raises ValueError
   where the method has none) instead of dereferencing null;

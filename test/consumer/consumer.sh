@@ -37,9 +37,14 @@ case $mode in
       exit 1
     fi
     echo "<tide/engine.hpp>: no boost/asio header among $(wc -w <<< "$deps") dependencies"
-    # Every README.md code block, against the same installed tree.
+    # Every ```cpp block of README.md and of docs/*.md, against the same installed tree.
     # shellcheck disable=SC2086
     bash "$here/readme_snippets.sh" "$src/README.md" "$tmp/readme" $flags
+    for page in "$src"/docs/*.md; do
+      grep -q '^```cpp' "$page" || continue
+      # shellcheck disable=SC2086
+      bash "$here/readme_snippets.sh" "$page" "$tmp/docs-$(basename "$page" .md)" $flags
+    done
     ;;
   subproject)
     mkdir -p "$tmp/proj/subprojects"

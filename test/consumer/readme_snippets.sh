@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# readme_snippets.sh README OUTDIR COMPILER-FLAGS...
-# Compiles (and links) every ```cpp block of README.md against the tide the
-# flags point at, so the README cannot drift from the API.  A block's
+# readme_snippets.sh MARKDOWN OUTDIR COMPILER-FLAGS...
+# Compiles (and links) every ```cpp block of a Markdown file (README.md, a
+# page of docs/) against the tide the flags point at, so the documentation
+# cannot drift from the API.  A block's
 # #include lines go first; the rest becomes the body of a function with
 # `void* buf` and `std::size_t len` in scope (the names the README's
 # fragments use).  main() calls nothing unless given an argument, so the
@@ -11,6 +12,7 @@
 set -euo pipefail
 readme=$1 out=$2
 shift 2
+doc=$(basename "$readme")
 flags=("$@")
 mkdir -p "$out"
 n=0
@@ -28,9 +30,9 @@ emit() {
   } > "$f"
   if ${CXX:-c++} -std=c++20 -Wall -Wextra -Werror -Wno-unused-variable -Wno-unused-but-set-variable \
        "$f" -o "$out/readme_snippet_$n" "${flags[@]}" 2> "$out/readme_snippet_$n.log"; then
-    echo "ok   README.md cpp block $n"
+    echo "ok   $doc cpp block $n"
   else
-    echo "FAIL README.md cpp block $n does not compile ($f):" >&2
+    echo "FAIL $doc cpp block $n does not compile ($f):" >&2
     sed -n '1,30p' "$out/readme_snippet_$n.log" >&2
     exit 1
   fi
@@ -50,4 +52,4 @@ while IFS= read -r line || [[ -n $line ]]; do
   fi
 done < "$readme"
 (( n > 0 )) || { echo "no \`\`\`cpp block found in $readme" >&2; exit 1; }
-echo "$n README.md cpp block(s) compiled"
+echo "$n $doc cpp block(s) compiled"
