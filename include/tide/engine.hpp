@@ -507,6 +507,10 @@ class transfer_engine {
   [[nodiscard]] notify_outbox_stats outbox_stats() const noexcept;
   /// The handshake server's counters (auth_failed: refused strangers).
   [[nodiscard]] net::handshake_server_stats handshake_stats() const noexcept;
+  /// How many times this engine has encoded its descriptor.  With p2p
+  /// metadata that is once per peer request that followed a change, not once
+  /// per registration; with etcd/http once per publish.  Any thread.
+  [[nodiscard]] std::uint64_t descriptor_encodes() const noexcept;
   /// The TCP transport's data port (0: TCP is not installed) and counters
   /// (requests and bytes both ways, connections, the server's refusals).
   [[nodiscard]] std::uint16_t tcp_port() const noexcept;
@@ -533,6 +537,7 @@ class transfer_engine {
   explicit transfer_engine(engine_config cfg);
 
   status publish(const segment_desc& d);
+  void encode_if_stale();  // p2p: the descriptor a peer asks for, encoded if a publish came since
   status submit_notified(batch_id b, std::span<const transfer_request> requests, const notification& n);
   // The GID a Connection request without one refers to (open, one forced
   // refresh on a miss, close).

@@ -49,7 +49,11 @@ struct transfer_engine<P>::impl {
   std::optional<net::handshake_server> server;
   std::atomic<rdma::rdma_transport<P>*> transport{nullptr};
   std::mutex desc_mu;
-  std::string desc_json;
+  std::string desc_json;  ///< under desc_mu: what peers are answered
+  /// Under desc_mu (p2p): a publish since desc_json was encoded; the next
+  /// peer asking encodes the transport's current descriptor.
+  bool desc_stale = false;
+  std::atomic<std::uint64_t> desc_encodes{0};
   explicit impl(notify_limits limits) : inbox(limits) {}
   detail::notify_inbox inbox;
   std::shared_ptr<const wire::cluster_secret> secret;  ///< null: no authentication
@@ -123,6 +127,11 @@ transfer_engine<P>::~transfer_engine() {
 }
 
 template <class P>
+std::uint64_t transfer_engine<P>::descriptor_encodes() const noexcept {
+  return impl_->desc_encodes.load(std::memory_order_relaxed);
+}
+
+template <class P>
 std::uint16_t transfer_engine<P>::handshake_port() const noexcept {
   return impl_->server ? impl_->server->port() : 0;
 }
@@ -143,6 +152,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
                                           "a NIC path (<segment name>@<device>)");
   std::unique_ptr<transfer_engine> e(new transfer_engine(std::move(cfg)));
   impl* im = e->impl_.get();
+  transfer_engine* self = e.get();  // the handlers below run while *e lives: it stops them first
 
   if (!e->cfg_.auth_secret_file.empty()) {
     auto secret = wire::cluster_secret::load(e->cfg_.auth_secret_file);
@@ -180,7 +190,8 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     }
     return im->inbox.push(from, peer_identity);
   };
-  hh.local_segment = [im]() -> std::optional<std::string> {
+  hh.local_segment = [self, im]() -> std::optional<std::string> {
+    if constexpr (metadata_served_by_owner<metadata_backend_type>) self->encode_if_stale();
     std::lock_guard lock(im->desc_mu);
     if (im->desc_json.empty()) return std::nullopt;
     return im->desc_json;
@@ -223,7 +234,6 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   ro.receive_timeout = e->cfg_.handshake_timeout;
   ro.secret = im->secret;
   ro.identity = e->name_;
-  transfer_engine* self = e.get();
   // Mooncake's notify message to the target's handshake port (its rpc_meta
   // address with etcd/http), as send_notify, but read afresh once when the
   // peer may have moved.  The outbox's abort flag ends an exchange when the
@@ -437,13 +447,46 @@ result<gid_bytes> transfer_engine<P>::peer_gid(std::string_view segment, std::st
 
 template <class P>
 status transfer_engine<P>::publish(const segment_desc& d) {
+  if constexpr (metadata_served_by_owner<metadata_backend_type>) {
+    // Peers fetch the descriptor from this engine: it is encoded when one
+    // asks (encode_if_stale), so a registration costs O(1) however many
+    // buffers there are, and a burst of them one encode.  The cap is checked
+    // here, where the caller can still be told.
+    if (d.buffers.size() > kMaxSegmentBuffers)
+      return fail(errc::metadata_malformed, "buffers: " + std::to_string(d.buffers.size()) + " buffers, at most " +
+                                                std::to_string(kMaxSegmentBuffers));
+    std::lock_guard lock(impl_->desc_mu);
+    impl_->desc_stale = true;
+    return {};
+  }
   // One encode (and, with a secret, seals of the changed buffers only) serves
   // both the store and this engine's own metadata answers.
   auto json = cache_->publish_json(d);
   if (!json) return fail(json.error());
+  impl_->desc_encodes.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(impl_->desc_mu);
   impl_->desc_json = std::move(*json);
   return {};
+}
+
+template <class P>
+void transfer_engine<P>::encode_if_stale() {
+  auto* t = impl_->transport.load(std::memory_order_acquire);
+  if (t == nullptr) return;  // before create() published, or being destroyed
+  // The transport's publish lock first, as publish() -> this->publish() takes
+  // them: the descriptor cannot change while it is encoded.
+  t->with_published([&](const segment_desc* d) {
+    std::lock_guard lock(impl_->desc_mu);
+    if (!impl_->desc_stale || d == nullptr) return;
+    auto json = cache_->publish_json(*d);
+    if (!json) {
+      TIDE_LOG_WARN("segment " << name_ << ": cannot encode the descriptor a peer asked for: " << json.error().message());
+      return;
+    }
+    impl_->desc_json = std::move(*json);
+    impl_->desc_stale = false;
+    impl_->desc_encodes.fetch_add(1, std::memory_order_relaxed);
+  });
 }
 
 template <class P>

@@ -79,4 +79,11 @@ concept metadata_key_store = metadata_backend<B> && requires(B& b, std::string_v
   { b.remove_key(key) } -> std::same_as<status>;
 };
 
+/// A backend whose descriptors peers fetch from the publishing engine
+/// itself, over its handshake port (p2p): the engine encodes its descriptor
+/// when a peer asks rather than on every publish, so a registration costs
+/// the same with one buffer registered as with ten thousand.
+template <class B>
+concept metadata_served_by_owner = metadata_backend<B> && B::kServedByOwner;
+
 }  // namespace tide

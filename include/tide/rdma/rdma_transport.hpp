@@ -147,6 +147,14 @@ class rdma_transport {
   [[nodiscard]] result<std::uint32_t> buffer_id(const void* addr) const;
   [[nodiscard]] segment_desc local_segment() const;
   [[nodiscard]] status publish();
+  /// Calls f(d) with the descriptor as the last publish() saw it (null
+  /// before the first), under the lock publishes take: no publish changes it
+  /// meanwhile.  For an owner that encodes its descriptor on request.
+  template <class F>
+  decltype(auto) with_published(F&& f) {
+    std::lock_guard lock(publish_mu_);
+    return std::forward<F>(f)(published_ ? &*published_ : static_cast<const segment_desc*>(nullptr));
+  }
   [[nodiscard]] std::size_t registered_buffers() const;
 
   // ---- remote segments ----

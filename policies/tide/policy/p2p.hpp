@@ -30,6 +30,8 @@ namespace tide::policy {
 class p2p {
  public:
   static constexpr std::string_view kName = "p2p";
+  /// Peers read a descriptor from its owner's handshake port (no store).
+  static constexpr bool kServedByOwner = true;
 
   explicit p2p(const metadata_config& config);
 
@@ -41,6 +43,6 @@ class p2p {
   metadata_config config_;
 };
 
-static_assert(metadata_backend<p2p>);
+static_assert(metadata_served_by_owner<p2p>);
 
 }  // namespace tide::policy
