@@ -39,6 +39,29 @@ std::vector<transfer_request> to_requests(const std::vector<request_tuple>& requ
   return reqs;
 }
 
+pyb::dict tcp_stats_dict(const tcp::stats& t, std::uint16_t port) {
+  pyb::dict d;
+  d["port"] = port;  // 0: TCP is not installed
+  d["ops_ok"] = t.ops_ok;
+  d["ops_failed"] = t.ops_failed;
+  d["bytes_written"] = t.bytes_written;
+  d["bytes_read"] = t.bytes_read;
+  d["connections_opened"] = t.connections_opened;
+  d["connect_failures"] = t.connect_failures;
+  d["connections_lost"] = t.connections_lost;
+  d["accepted"] = t.accepted;
+  d["refused_source"] = t.refused_source;
+  d["refused_full"] = t.refused_full;
+  d["requests_served"] = t.requests_served;
+  d["requests_rejected"] = t.requests_rejected;
+  d["auth_failed"] = t.auth_failed;
+  d["dropped"] = t.dropped;
+  d["bytes_served_in"] = t.bytes_served_in;
+  d["bytes_served_out"] = t.bytes_served_out;
+  d["open_connections"] = t.open_connections;
+  return d;
+}
+
 }  // namespace
 
 pyb::tuple status_tuple(const owned_status& s) {
@@ -74,15 +97,18 @@ py_engine::py_engine(const std::string& config_json, const std::string& policies
   }
   engine_config cfg;
   unwrap(cfg.apply_json(config_json, "tide.Engine"));
-  // create() applies TIDE_CONFIG and the environment over the keywords (again:
-  // the same values); the backend is the one that result names.
-  unwrap(cfg.apply_env());
-  const metadata_kind kind = metadata_kind_of(cfg.metadata);
+  // The keywords count as set by the program: create() resolves them over
+  // TIDE_CONFIG and the environment.  The backend is the one that result
+  // names (a copy resolved here; applying the environment onto cfg itself
+  // would let it win over the keywords).
+  const engine_config resolved = unwrap(cfg.resolve());
+  const std::string& metadata = resolved.metadata;
+  const metadata_kind kind = metadata_kind_of(metadata);
   engine_factory make = set->factory(kind);
   if (make == nullptr)
-    throw pyb::value_error("policy set '" + policies + "' is built with p2p metadata only, not \"" + cfg.metadata +
+    throw pyb::value_error("policy set '" + policies + "' is built with p2p metadata only, not \"" + metadata +
                            "\"");
-  auto c = std::make_shared<core>(cfg.transfer_timeout);
+  auto c = std::make_shared<core>(resolved.transfer_timeout);
   error failure;
   {
     pyb::gil_scoped_release nogil;
@@ -137,6 +163,10 @@ std::string py_engine::segment_name() {
 
 std::uint16_t py_engine::handshake_port() {
   return call([](engine_iface& e) { return e.handshake_port(); });
+}
+
+std::uint16_t py_engine::tcp_port() {
+  return call([](engine_iface& e) { return e.tcp_port(); });
 }
 
 std::uint32_t py_engine::register_memory(std::uintptr_t addr, std::size_t len, const std::string& location,
@@ -309,6 +339,10 @@ pyb::dict py_engine::telemetry(batch_id b, std::int64_t task) {
   d["tasks"] = t.tasks;
   d["local_nics"] = nics;
   d["peer_nics"] = t.peer_nics;
+  pyb::list via;  // which transports carried it: both after a failover from RDMA to TCP
+  if ((t.transports & transfer_telemetry::kViaRdma) != 0) via.append("rdma");
+  if ((t.transports & transfer_telemetry::kViaTcp) != 0) via.append("tcp");
+  d["transports"] = via;
   d["state"] = static_cast<int>(t.state);
   d["reason"] = static_cast<int>(t.reason);
   return d;
@@ -371,12 +405,16 @@ pyb::dict py_engine::stats() {
   notify_stats n;
   notify_outbox_stats o;
   net::handshake_server_stats h;
+  tcp::stats t;
+  std::uint16_t tcp_port = 0;
   {
     pyb::gil_scoped_release nogil;
     s = c->engine->stats();
     n = c->engine->notification_stats();
     o = c->engine->outbox_stats();
     h = c->engine->handshake_stats();
+    t = c->engine->tcp_stats();
+    tcp_port = c->engine->tcp_port();
   }
   pyb::list nics, rails;
   for (const auto& x : s.nics) {
@@ -424,6 +462,7 @@ pyb::dict py_engine::stats() {
   out["notifications"] = notes;
   out["notifications_sent"] = sent;
   out["handshakes"] = hs;
+  out["tcp"] = tcp_stats_dict(t, tcp_port);
   return out;
 }
 
@@ -442,6 +481,7 @@ void init_engine(pyb::module_& m) {
       .def_property_readonly("closed", &py_engine::closed)
       .def_property_readonly("segment_name", &py_engine::segment_name)
       .def_property_readonly("handshake_port", &py_engine::handshake_port)
+      .def_property_readonly("tcp_port", &py_engine::tcp_port, "The TCP data port (0: TCP is not installed).")
       .def("register_memory", &py_engine::register_memory, pyb::arg("addr"), pyb::arg("length"),
            pyb::arg("location") = "*", pyb::arg("access") = static_cast<int>(buffer_access::remote_read_write),
            "Registers and publishes; returns the buffer id.")

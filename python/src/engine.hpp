@@ -56,6 +56,7 @@ class py_engine {
 
   std::string segment_name();
   std::uint16_t handshake_port();
+  std::uint16_t tcp_port();
 
   std::uint32_t register_memory(std::uintptr_t addr, std::size_t len, const std::string& location, int access);
   void unregister_memory(std::uintptr_t addr, int mode);

@@ -57,6 +57,8 @@ class engine_iface {
   [[nodiscard]] virtual result<transfer_telemetry> batch_telemetry(batch_id b) noexcept = 0;
   [[nodiscard]] virtual std::string metrics_text() const = 0;
   [[nodiscard]] virtual net::handshake_server_stats handshake_stats() const noexcept = 0;
+  [[nodiscard]] virtual std::uint16_t tcp_port() const noexcept = 0;
+  [[nodiscard]] virtual tcp::stats tcp_stats() const noexcept = 0;
   /// The name of local device `index` (transfer_status::failed_local_device).
   [[nodiscard]] virtual std::string device_name(std::uint16_t index) const = 0;
 };
@@ -111,6 +113,8 @@ class engine_model final : public engine_iface {
   result<transfer_telemetry> batch_telemetry(batch_id b) noexcept override { return e_->batch_telemetry(b); }
   std::string metrics_text() const override { return e_->metrics_text(); }
   net::handshake_server_stats handshake_stats() const noexcept override { return e_->handshake_stats(); }
+  std::uint16_t tcp_port() const noexcept override { return e_->tcp_port(); }
+  tcp::stats tcp_stats() const noexcept override { return e_->tcp_stats(); }
   std::string device_name(std::uint16_t index) const override {
     auto& t = e_->transport();
     return index < t.context_count() ? t.context(index).name() : std::string();

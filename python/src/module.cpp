@@ -10,6 +10,7 @@
 namespace tide::py {
 void init_engine(pybind11::module_& m);
 void init_module_functions(pybind11::module_& m);
+void init_log(pybind11::module_& m);
 }  // namespace tide::py
 
 PYBIND11_MODULE(_tide, m) {
@@ -18,6 +19,7 @@ PYBIND11_MODULE(_tide, m) {
   m.attr("__version__") = TIDE_VERSION;
   tide::py::init_errors(m);
   tide::py::init_module_functions(m);
+  tide::py::init_log(m);
   tide::py::init_buffers(m);
   tide::py::init_engine(m);
   tide::py::init_fast_calls(m);

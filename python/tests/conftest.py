@@ -1,6 +1,14 @@
-"""Fixtures of the Python suite.  RDMA cases need devices (the rxe VM gives
-rxe0 and rxe1); without any they skip.  The module under test is `tide`, or
-what TIDE_TEST_ENGINE_MODULE names (e.g. "mooncake.engine", so the same
+"""Fixtures of the Python suite.
+
+Engines reach each other over `net`: "tcp" (loopback, on every host) or
+"rdma" (needs devices: the rxe VM gives rxe0 and rxe1; without any it
+skips).  A case that tests the API runs over TCP (on the host, in the
+`python` stage of tools/run-tests); a case that tests what RDMA does
+(link loss, NIC paths, pinning) runs over RDMA only, and a few run over both
+so that the API is seen end to end on RDMA too.  Every RDMA case carries the
+marker `rdma` (those using `devices` get it here): the VM stage runs
+`-m rdma` only.  The module under test is `tide`, or what
+TIDE_TEST_ENGINE_MODULE names (e.g. "mooncake.engine", so the same
 Mooncake-API file runs against the real thing)."""
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +46,55 @@ def devices():
     if not devs:
         pytest.skip("no RDMA device (run in the rxe VM: tools/rxe-vm)")
     return devs
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "rdma: needs RDMA devices (the rxe VM: tools/python-wheel test-rdma)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "devices" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.rdma)
+
+
+class Net:
+    """How a case's engines reach each other.  Side 0 is the initiator in
+    this process, side 1 the peer (a second engine or process)."""
+
+    def __init__(self, name: str, devices) -> None:
+        self.name = name
+        self.devices = devices
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def config(self, side: int = 0) -> dict:
+        """tide.Engine's keywords."""
+        if self.name == "tcp":
+            return {"local_server_name": "127.0.0.1", "transports": "tcp"}
+        return {"local_server_name": "127.0.0.1", "transports": "rdma", "devices": [self.devices[side]]}
+
+    def peer_device(self, side: int = 1) -> str:
+        """peer.py's DEVICE argument: "tcp", or the RDMA device."""
+        return "tcp" if self.name == "tcp" else self.devices[side]
+
+    def initialize(self, te, side: int = 0) -> int:
+        """Mooncake's initialize() of a TransferEngine, over this net."""
+        device = "" if self.name == "tcp" else self.devices[side]
+        return te.initialize("127.0.0.1", "P2PHANDSHAKE", self.name, device)
+
+
+@pytest.fixture(params=["tcp", pytest.param("rdma", marks=pytest.mark.rdma)])
+def net(request):
+    if request.param == "rdma":
+        return Net("rdma", request.getfixturevalue("devices"))
+    return Net("tcp", [])
+
+
+# A case over one net only (the default is both): indirect parametrization of `net`.
+tcp_only = pytest.mark.parametrize("net", ["tcp"], indirect=True)
+rdma_only = pytest.mark.parametrize("net", [pytest.param("rdma", marks=pytest.mark.rdma)], indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +129,23 @@ class Peer:
         self.proc.kill()
         self.proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP: its kernel still takes connections and bytes, the process
+        answers nothing (a stalled peer over TCP)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: self.state() == "T", "the peer stopped")  # delivery is asynchronous
+
+    def state(self) -> str:
+        """Its state letter in /proc (R, S, T for stopped, ...)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def close(self) -> None:
         if self.proc.poll() is None:
+            self.resume()
             try:
                 self.ask(cmd="quit")
             except (RuntimeError, BrokenPipeError, ValueError):

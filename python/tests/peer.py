@@ -3,6 +3,8 @@
   peer.py mooncake DEVICE MODULE NBLOCKS BLOCK   a TransferEngine target (MODULE: tide or mooncake.engine)
   peer.py engine DEVICE NBLOCKS BLOCK            a tide.Engine target
 
+DEVICE is an RDMA device, or "tcp": the engine then runs over TCP alone.
+
 It registers NBLOCKS numpy blocks of BLOCK bytes, prints {"segment", "blocks"}
 (one JSON line), then answers commands on stdin: fill (a pattern into every
 block), digest (which blocks hold which pattern), notifies, notifies_then_digest,
@@ -30,7 +32,8 @@ def main():
         module, nblocks, block = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
         mod = importlib.import_module(module)
         te = mod.TransferEngine()
-        if te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", device) != 0:
+        protocol, device_name = ("tcp", "") if device == "tcp" else ("rdma", device)
+        if te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, device_name) != 0:
             out(error="initialize failed")
             return 1
         arena = np.zeros(nblocks * block, dtype=np.uint8)
@@ -55,7 +58,8 @@ def main():
         import tide
 
         nblocks, block = int(sys.argv[3]), int(sys.argv[4])
-        eng = tide.Engine(local_server_name="127.0.0.1", devices=[device])
+        net = {"transports": "tcp"} if device == "tcp" else {"transports": "rdma", "devices": [device]}
+        eng = tide.Engine(local_server_name="127.0.0.1", **net)
         arena = np.zeros(nblocks * block, dtype=np.uint8)
         regs = [eng.register(arena[i * block:(i + 1) * block]) for i in range(nblocks)]
         out(segment=eng.segment_name, blocks=[r.address for r in regs], ids=[r.buffer_id for r in regs])

@@ -6,10 +6,16 @@ Two APIs over one C++ engine:
   requests by buffer id, batches with wait / cancel / asyncio, exceptions.
 - ``tide.TransferEngine`` — call-compatible with ``mooncake.engine.TransferEngine``
   (same methods, arguments, return codes): ``from tide import TransferEngine``.
+
+Both run over RDMA and over TCP (``tide.Engine(transports="tcp")``,
+``TransferEngine.initialize(..., "tcp", "")``).  tide's log lines go to the
+``logging`` logger ``"tide"`` (see :func:`forward_logs`, :func:`set_log_level`).
 """
 from __future__ import annotations
 
 from . import _tide
+from . import _log
+from ._log import flush_logs, forward_logs, get_log_level, set_log_level
 from ._engine import (Access, Batch, Engine, InFlight, Op, Registration, RemoteBuffer, Request, Segment, State,
                       TaskStatus, policy_sets, read, write)
 from ._mooncake import Read, TransferEngine, TransferNotify, TransferOpcode, Write
@@ -19,7 +25,7 @@ from .errors import (AuthFailed, Canceled, DeviceError, EndpointError, EngineClo
 try:
     from importlib.metadata import PackageNotFoundError, version as _dist_version
 
-    __version__ = _dist_version("tide")
+    __version__ = _dist_version("tide-transfer-engine")
 except Exception:  # not installed as a distribution (a build tree)
     __version__ = _tide.__version__
 
@@ -30,4 +36,7 @@ __all__ = [
     "TaskStatus", "policy_sets", "read", "write", "TransferEngine", "TransferNotify", "TransferOpcode", "Read",
     "Write", "TideError", "Error", "LocalError", "EndpointError", "DeviceError", "MetadataError", "InvalidArgument",
     "TransferTimeout", "Canceled", "EngineClosed", "PeerUnreachable", "AuthFailed", "NoDevice",
+    "forward_logs", "flush_logs", "set_log_level", "get_log_level",
 ]
+
+_log._install()

@@ -273,7 +273,8 @@ class Batch:
     def telemetry(self, task: Optional[int] = None) -> Dict[str, Any]:
         """Per-request telemetry of task `task` (None: the batch's sum): seconds
         from the submit to the first post and to completion (None: not yet),
-        bytes, WRs, retries, the local NICs used; complete once it is final."""
+        bytes, WRs, retries, the local NICs used, the transports that carried
+        it ("rdma", "tcp": both after a failover); complete once it is final."""
         return self._engine._core().telemetry(self.id, -1 if task is None else int(task))
 
     def cancel(self) -> None:
@@ -352,9 +353,10 @@ def _drop_batch(native, batch_id: int, refs: List[Registration], orphans: Dict[i
 
 class Engine:
     """A tide transfer engine.  Keyword arguments are ``engine_config``'s fields
-    (``local_server_name``, ``metadata``, ``devices``, ``transfer_timeout_ms``,
-    ...; the TIDE_* environment and TIDE_CONFIG still override them, and the
-    metadata backend is the one the result names).  ``policies`` names a
+    (``local_server_name``, ``metadata``, ``devices``, ``transports``
+    ("rdma,tcp", the default; "rdma"; "tcp"), ``transfer_timeout_ms``, ...;
+    they win over TIDE_CONFIG and the environment, and the metadata backend
+    is the one the result names).  ``policies`` names a
     compiled policy set (:func:`tide.policy_sets`).  Thread-safe."""
 
     def __init__(self, *, policies: str = "default", **config: Any) -> None:
@@ -442,6 +444,11 @@ class Engine:
     @property
     def handshake_port(self) -> int:
         return self._core().handshake_port
+
+    @property
+    def tcp_port(self) -> int:
+        """The TCP data port peers send requests to (0: TCP is not installed)."""
+        return self._core().tcp_port
 
     # -- memory --
     def register(self, obj: Any, location: str = "*", *, readonly: bool = False,
@@ -578,7 +585,8 @@ class Engine:
 
     def stats(self) -> Dict[str, Any]:
         """Per NIC bytes, WRs, errors, in-flight bytes and bandwidth estimate;
-        every rail that failed; notification and handshake counters."""
+        every rail that failed; notification and handshake counters; the TCP
+        transport's port and counters (``"tcp"``)."""
         return self._core().stats()
 
     def __repr__(self) -> str:

@@ -17,15 +17,22 @@ crashes or misbehaves, tide answers instead (each case is in docs/python.md):
   segment, a range past a managed buffer) get -1 or ValueError/TypeError with
   the reason.
 
+``initialize``'s ``protocol`` names the transport, as Mooncake's does: "rdma"
+installs RDMA alone (``device_name``: the NICs, "" every one), "tcp" TCP alone
+(``device_name`` is ignored); ``MC_FORCE_TCP`` (set to anything) means "tcp"
+whatever the protocol, as in Mooncake.
+
 The reason for the last -1 (or 0) is kept in ``last_error`` and, as Mooncake
-logs its failures, printed to stderr (``TIDE_PY_QUIET=1`` silences it).
+logs its failures, logged at ERROR on the ``logging`` logger ``"tide"``
+(``TIDE_PY_QUIET=1`` silences it).
 """
 from __future__ import annotations
 
 import bisect
 import enum
+import json
+import logging
 import os
-import sys
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -38,9 +45,10 @@ _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (a
 # dispatcher would cost more than the rest of the call), or three lists (_sync).
 _SYNC_ONE = _tide.sync_one
 _TRANSFER_LISTS = _tide.Engine.transfer_named
-# Protocols that pick another transport in Mooncake's builds that have it; its usual builds run
-# RDMA for every other value ("rdma", "tcp", ...), and so does tide.
+# The transport each protocol names; protocols of Mooncake's other transports tide does not have.
+_PROTOCOLS = {"rdma": "rdma", "tcp": "tcp"}
 _OTHER_TRANSPORTS = frozenset({"nvlink", "nvlink_intra", "hip", "musa", "efa", "cxi", "xgmi", "ascend", "barex"})
+_log = logging.getLogger("tide")
 
 
 class TransferOpcode(enum.IntEnum):
@@ -141,7 +149,7 @@ class TransferEngine:
     def _fail(self, why, sentinel=-1):
         self.last_error = str(why)
         if os.environ.get("TIDE_PY_QUIET") != "1":
-            print(f"tide.TransferEngine: {self.last_error}", file=sys.stderr)
+            _log.error("tide.TransferEngine: %s", self.last_error)
         return sentinel
 
     def _need(self, method: str):
@@ -165,7 +173,11 @@ class TransferEngine:
             if not isinstance(v, str):
                 raise TypeError(f"initialize: {name} must be a str, got {type(v).__name__}")
         if protocol in _OTHER_TRANSPORTS:
-            return self._fail(f"initialize: protocol {protocol!r} is not supported by tide (RDMA only)")
+            return self._fail(f"initialize: protocol {protocol!r} is not supported by tide (rdma and tcp are)")
+        if protocol not in _PROTOCOLS:
+            return self._fail(f"initialize: unknown protocol {protocol!r} (tide's are 'rdma' and 'tcp')")
+        # Mooncake's MC_FORCE_TCP: TCP alone whatever the protocol (set to anything, as Mooncake reads it).
+        transports = "tcp" if os.environ.get("MC_FORCE_TCP") is not None else _PROTOCOLS[protocol]
         server = metadata_server
         if metadata_type is not None and server != "P2PHANDSHAKE" and "://" not in server:
             if metadata_type == "p2p":
@@ -175,14 +187,15 @@ class TransferEngine:
         conn, kind = _split_metadata(server)
         if conn is None:
             return self._fail(f"initialize: {kind}")
-        devices = [d.strip() for d in device_name.split(",") if d.strip()]
         config = {
             "local_server_name": local_hostname if kind != "p2p" else _host_part(local_hostname),
             "metadata": conn,
-            "devices": devices,
-            "transfer_timeout_ms": int(self._timeout * 1000),
+            "transports": transports,
         }
-        import json
+        if transports == "rdma":  # TCP uses no device: the name is ignored, as Mooncake does
+            config["devices"] = [d.strip() for d in device_name.split(",") if d.strip()]
+        if "MC_TRANSFER_TIMEOUT" in os.environ:  # else the engine's own (TIDE_TRANSFER_TIMEOUT_MS, 30 s)
+            config["transfer_timeout_ms"] = int(self._timeout * 1000)
 
         with self._lock:  # threads racing initialize: one creates, the others get -1
             busy = self._engine is not None or self._initializing

@@ -1,6 +1,7 @@
 """tide.TransferEngine (Mooncake's API) where lifetimes meet: a peer that
-re-registers its pool under writers, managed buffers that cannot be freed yet
-or are read while the engine closes, racing initialize() calls.  tide only
+re-registers its pool under writers (RDMA: the NIC path in the message),
+managed buffers that cannot be freed yet (RDMA: WRs held by link loss) or are
+read while the engine closes, racing initialize() calls (TCP).  tide only
 (they read tide's failure messages and use tide's link shaping); cases named
 after a finding of review 1ab3d99 fail with that bug put back."""
 from __future__ import annotations
@@ -12,29 +13,30 @@ import numpy as np
 import pytest
 
 import tide
-from conftest import pattern, wait_until
+from conftest import pattern, rdma_only, tcp_only, wait_until
 
 NBLOCKS, BLOCK = 64, 16 << 10
 
 
 @pytest.fixture
-def decode(peer_factory, devices):
-    return peer_factory("mooncake", devices[1], "tide", str(NBLOCKS), str(BLOCK))
+def decode(peer_factory, net):
+    return peer_factory("mooncake", net.peer_device(), "tide", str(NBLOCKS), str(BLOCK))
 
 
-def initiator(devices, **env):
+def initiator(net):
     te = tide.TransferEngine()
-    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", devices[0]) == 0
+    assert net.initialize(te) == 0
     return te
 
 
-def test_writers_while_the_peer_reregisters_report_its_nic_path(devices, decode, monkeypatch):
+@rdma_only
+def test_writers_while_the_peer_reregisters_report_its_nic_path(net, decode, monkeypatch):
     # Review 1ab3d99 #1(a): run_batch freed the batch, then the outcome read its failed
     # peer path, a view into the segment view the free destroyed once another thread's
     # submit had refreshed the segment: freed heap (garbage in the message, or ASan's
     # heap-use-after-free under tools/python-wheel test-rdma-asan).
     monkeypatch.setenv("TIDE_PY_QUIET", "1")
-    te = initiator(devices)
+    te = initiator(net)
     try:
         arena = np.frombuffer(pattern(5, NBLOCKS * BLOCK), np.uint8).copy()
         addrs = [arena.ctypes.data + i * BLOCK for i in range(NBLOCKS)]
@@ -79,8 +81,8 @@ def test_writers_while_the_peer_reregisters_report_its_nic_path(devices, decode,
         assert errors == []
         paths = [re.search(r"\((\S*) -> ([^)]*)\)", m) for m in messages if " -> " in m]
         assert paths, f"no WRITE failed on the wire: {messages[:5]}"
-        expected = f"{seg}@{devices[1]}"
-        assert {(p.group(1), p.group(2)) for p in paths} == {(devices[0], expected)}
+        expected = f"{seg}@{net.devices[1]}"
+        assert {(p.group(1), p.group(2)) for p in paths} == {(net.devices[0], expected)}
         # And the engine still moves bytes to the re-registered pool.
         assert te.batch_transfer_sync_write(seg, addrs[:4], remote[:4], [BLOCK] * 4) == 0
         assert te.batch_unregister_memory(addrs) == 0
@@ -88,7 +90,8 @@ def test_writers_while_the_peer_reregisters_report_its_nic_path(devices, decode,
         te.close()
 
 
-def test_a_managed_buffer_that_cannot_drain_stays_registered_and_mapped(devices, decode, link_loss, monkeypatch):
+@rdma_only
+def test_a_managed_buffer_that_cannot_drain_stays_registered_and_mapped(net, decode, link_loss, monkeypatch):
     # Review 1ab3d99 #7: free_managed_buffer dropped the block before the unregister, so when
     # that failed (transfers not drained within transfer_timeout + 10 s) the pages were unmapped
     # while the engine still held them registered.
@@ -96,7 +99,7 @@ def test_a_managed_buffer_that_cannot_drain_stays_registered_and_mapped(devices,
     monkeypatch.setenv("TIDE_TRANSFER_TIMEOUT_MS", "500")
     monkeypatch.setenv("TIDE_QP_TIMEOUT", "20")  # a posted WR is retried 8 x 4.3 s under loss
     monkeypatch.setenv("TIDE_QP_RETRY_CNT", "7")
-    te = initiator(devices)
+    te = initiator(net)
     try:
         seg, remote = decode.hello["segment"], decode.hello["blocks"]
         addr = te.allocate_managed_buffer(BLOCK)
@@ -120,10 +123,11 @@ def test_a_managed_buffer_that_cannot_drain_stays_registered_and_mapped(devices,
         te.close()
 
 
-def test_close_while_another_thread_reads_a_managed_buffer(devices):
+@tcp_only
+def test_close_while_another_thread_reads_a_managed_buffer(net):
     # Review 1ab3d99 #7: close() unmapped every managed block at once, while another thread's
     # read_bytes_from_buffer could be copying from one (a segfault).
-    te = initiator(devices)
+    te = initiator(net)
     addr = te.allocate_managed_buffer(4 << 20)
     assert addr != 0
     reads, errors = [0], []
@@ -144,7 +148,8 @@ def test_close_while_another_thread_reads_a_managed_buffer(devices):
     assert errors
 
 
-def test_racing_initialize_creates_one_engine(devices, monkeypatch):
+@tcp_only
+def test_racing_initialize_creates_one_engine(net, monkeypatch):
     # Review 1ab3d99 #13: two threads could both see no engine and both create one; one was
     # dropped without close(), torn down with the GIL held.
     monkeypatch.setenv("TIDE_PY_QUIET", "1")
@@ -154,7 +159,7 @@ def test_racing_initialize_creates_one_engine(devices, monkeypatch):
 
     def init():
         go.wait()
-        rcs.append(te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", devices[0]))
+        rcs.append(net.initialize(te))
 
     threads = [threading.Thread(target=init) for _ in range(4)]
     for t in threads:

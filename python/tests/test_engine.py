@@ -1,5 +1,7 @@
-"""tide.Engine (the Pythonic API) against a peer process on rxe: buffer-protocol
-registration, bounds errors as exceptions, cancel, asyncio, stats, policies."""
+"""tide.Engine (the Pythonic API) against a peer process, over TCP (every host)
+and, where it is RDMA that is tested or to see the API on it end to end, over
+RDMA (rxe): buffer-protocol registration, bounds errors as exceptions, cancel,
+asyncio, notifications, telemetry, stats, metrics, policies."""
 from __future__ import annotations
 
 import array
@@ -14,19 +16,19 @@ import numpy as np
 import pytest
 
 import tide
-from conftest import pattern, wait_until
+from conftest import pattern, rdma_only, tcp_only, wait_until
 
 NBLOCKS, BLOCK = 8, 64 << 10
 
 
 @pytest.fixture
-def target(peer_factory, devices):
-    return peer_factory("engine", devices[1], str(NBLOCKS), str(BLOCK))
+def target(peer_factory, net):
+    return peer_factory("engine", net.peer_device(), str(NBLOCKS), str(BLOCK))
 
 
-@pytest.fixture(params=["default"])
-def engine(request, devices):
-    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], policies=request.param) as e:
+@pytest.fixture
+def engine(net):
+    with tide.Engine(**net.config()) as e:
         yield e
 
 
@@ -89,11 +91,12 @@ def test_transfer_past_its_timeout_is_drained_and_raises(engine, target):
     assert target.ask(cmd="digest", seeds=[6] * NBLOCKS)["found"][2] == 6
 
 
-def test_cancel_ends_unfinished_tasks_canceled_and_writes_nothing(devices, target, link_loss):
+@rdma_only
+def test_cancel_ends_unfinished_tasks_canceled_and_writes_nothing(net, target, link_loss):
     # Review 1ab3d99 #21: this case accepted COMPLETED or CANCELED, so a cancel() that did
     # nothing passed.  Under 100% loss nothing can complete, and only the cancel ends the
     # tasks before their transfer_timeout (which would make them TIMEOUT).
-    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], transfer_timeout_ms=60000) as eng:
+    with tide.Engine(**net.config(), transfer_timeout_ms=60000) as eng:
         seg = eng.open(target.hello["segment"])
         ids = target.hello["ids"]
         src = eng.register(np.frombuffer(pattern(3, BLOCK), np.uint8).copy())
@@ -114,7 +117,37 @@ def test_cancel_ends_unfinished_tasks_canceled_and_writes_nothing(devices, targe
         assert target.ask(cmd="digest", seeds=[3] * NBLOCKS)["found"] == [None] * NBLOCKS
 
 
-def test_asyncio_awaits_many_batches(engine, target):
+@tcp_only
+def test_cancel_over_tcp_ends_tasks_canceled_and_reads_nothing_after(net, target):
+    # TCP's "final means final": READs from a peer that answers nothing (stopped) end
+    # CANCELED on cancel(), their connections closed, so nothing the peer sends once it
+    # runs again lands in the caller's memory.  (A WRITE's bytes already in the peer's
+    # socket may still land there: only the caller's memory is promised.)
+    with tide.Engine(**net.config(), transfer_timeout_ms=60000) as eng:
+        seg = eng.open(target.hello["segment"])
+        ids = target.hello["ids"]
+        target.ask(cmd="fill", seed=30)
+        probe = eng.register(np.zeros(BLOCK, np.uint8))
+        assert eng.transfer([tide.read(probe, seg, ids[0])], timeout=60) == BLOCK  # connected
+        dst = eng.register(np.zeros(NBLOCKS * BLOCK, np.uint8))
+        target.pause()
+        batch = eng.submit([tide.read(dst, seg, ids[i], local_offset=i * BLOCK, length=BLOCK)
+                            for i in range(NBLOCKS)])
+        wait_until(lambda: batch.telemetry()["first_post_s"] is not None, "the batch sent")
+        batch.cancel()
+        tasks = batch.wait(50)
+        assert {t.state for t in tasks} == {tide.State.CANCELED}
+        batch.free()
+        target.resume()
+        # The peer answers again: a new READ is served (on a new connection) ...
+        back = eng.register(np.zeros(BLOCK, np.uint8))
+        assert eng.transfer([tide.read(back, seg, ids[5])], timeout=60) == BLOCK
+        assert bytes(back.obj) == pattern(30 + 5, BLOCK)
+        # ... and the canceled READs' replies never reached their destination.
+        assert not np.asarray(dst.obj).any()
+
+
+def test_asyncio_awaits_many_batches(net, engine, target):
     seg = engine.open(target.hello["segment"])
     ids = target.hello["ids"]
     srcs = [engine.register(np.frombuffer(pattern(500 + i, BLOCK), np.uint8).copy()) for i in range(NBLOCKS)]
@@ -131,9 +164,14 @@ def test_asyncio_awaits_many_batches(engine, target):
     assert target.ask(cmd="digest", seeds=[500 + i for i in range(NBLOCKS)])["found"] == [500 + i for i in
                                                                                            range(NBLOCKS)]
     stats = engine.stats()
-    assert stats["nics"][0]["bytes"] >= NBLOCKS * BLOCK
+    if net.name == "rdma":
+        assert stats["nics"][0]["bytes"] >= NBLOCKS * BLOCK
+    else:
+        assert stats["nics"] == [] and stats["tcp"]["bytes_written"] >= NBLOCKS * BLOCK
+        assert stats["tcp"]["port"] == engine.tcp_port > 0
 
 
+@tcp_only
 def test_probe_and_notify(engine, target):
     engine.probe(target.hello["segment"], 2.0)
     with pytest.raises(tide.PeerUnreachable):
@@ -144,8 +182,9 @@ def test_probe_and_notify(engine, target):
     assert got == [[engine.segment_name, "hello"]]
 
 
-def test_notifications_wait_blocks_until_one_arrives(engine, devices):
-    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[1]]) as receiver:
+@tcp_only
+def test_notifications_wait_blocks_until_one_arrives(net, engine):
+    with tide.Engine(**net.config(1)) as receiver:
         with pytest.raises(ValueError, match="wait must be >= 0"):
             receiver.notifications(wait=-1)
         t0 = time.monotonic()
@@ -161,8 +200,7 @@ def test_notifications_wait_blocks_until_one_arrives(engine, devices):
         assert time.monotonic() - t0 < 20  # the arrival ended the wait, not its 30 s
 
 
-def test_notification_follows_the_data_and_never_a_failure(engine, target, devices):
-    engine_dev = devices[0]
+def test_notification_follows_the_data_and_never_a_failure(net, engine, target):
     seg = engine.open(target.hello["segment"])
     ids = target.hello["ids"]
     seeds = [700 + i for i in range(NBLOCKS)]
@@ -178,7 +216,12 @@ def test_notification_follows_the_data_and_never_a_failure(engine, target, devic
     batch.wait(60)
     t = batch.telemetry()
     assert (t["tasks"], t["bytes"], t["transferred_bytes"]) == (NBLOCKS, NBLOCKS * BLOCK, NBLOCKS * BLOCK)
-    assert 0 <= t["first_post_s"] <= t["completion_s"] and t["wrs"] >= NBLOCKS and t["local_nics"] == [engine_dev]
+    assert 0 <= t["first_post_s"] <= t["completion_s"] and t["transports"] == [net.name]
+    if net.name == "rdma":
+        assert t["wrs"] >= NBLOCKS and t["local_nics"] == [net.devices[0]]
+    else:
+        assert t["local_nics"] == []
+    assert batch.telemetry(3)["transports"] == [net.name]
     assert batch.telemetry(3)["bytes"] == BLOCK
     batch.free()
 
@@ -196,15 +239,19 @@ def test_notification_follows_the_data_and_never_a_failure(engine, target, devic
         engine.submit([tide.write(srcs[0], seg, ids[0])], notify="x" * 5000)  # past notification::kMaxBytes
 
 
-def test_metrics_text_is_prometheus_and_counts_the_bytes(engine, target, tmp_path):
+def test_metrics_text_is_prometheus_and_counts_the_bytes(net, engine, target, tmp_path):
     seg = engine.open(target.hello["segment"])
     src = engine.register(np.zeros(BLOCK, np.uint8))
     for i in range(4):
         assert engine.transfer([tide.write(src, seg, target.hello["ids"][i])]) == BLOCK
     text = engine.metrics()
-    moved = [float(line.split()[-1]) for line in text.splitlines()
-             if line.startswith("tide_nic_bytes_total{") and 'nic="' + engine.stats()["nics"][0]["name"] in line]
-    assert moved == [4 * BLOCK]
+    if net.name == "rdma":
+        moved = [float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("tide_nic_bytes_total{") and 'nic="' + engine.stats()["nics"][0]["name"] in line]
+        assert moved == [4 * BLOCK]
+    carried = [float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("tide_tasks_carried_total{") and f'transport="{net.name}"' in line]
+    assert carried == [4]
     promtool = shutil.which("promtool")
     if promtool:
         (tmp_path / "m.txt").write_text(text)
@@ -214,16 +261,17 @@ def test_metrics_text_is_prometheus_and_counts_the_bytes(engine, target, tmp_pat
 
 
 @pytest.mark.parametrize("policies", ["cq_event", "busy_poll", "mooncake"])
-def test_policy_sets_move_bytes(devices, target, policies):
-    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], policies=policies) as e:
+def test_policy_sets_move_bytes(net, target, policies):
+    with tide.Engine(**net.config(), policies=policies) as e:
         seg = e.open(target.hello["segment"])
         src = e.register(np.frombuffer(pattern(9, BLOCK), np.uint8).copy())
         assert e.transfer([tide.write(src, seg, target.hello["ids"][0])], timeout=60) == BLOCK
     assert target.ask(cmd="digest", seeds=[9] * NBLOCKS)["found"][0] == 9
 
 
-def test_closed_engine_raises(devices):
-    e = tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]])
+@tcp_only
+def test_closed_engine_raises(net):
+    e = tide.Engine(**net.config())
     reg = e.register(bytearray(4096))
     e.close()
     e.close()
@@ -241,11 +289,12 @@ def _secret(path):
     return str(path)
 
 
-def test_probe_with_the_cluster_secret(devices, peer_factory, tmp_path):
+@tcp_only
+def test_probe_with_the_cluster_secret(net, peer_factory, tmp_path):
     ours, theirs = _secret(tmp_path / "a.key"), _secret(tmp_path / "b.key")
-    peer = peer_factory("engine", devices[1], "1", "4096", env={"TIDE_AUTH_SECRET_FILE": theirs})
-    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], auth_secret_file=theirs) as same:
+    peer = peer_factory("engine", net.peer_device(), "1", "4096", env={"TIDE_AUTH_SECRET_FILE": theirs})
+    with tide.Engine(**net.config(), auth_secret_file=theirs) as same:
         same.probe(peer.hello["segment"], 5.0)
-    with tide.Engine(local_server_name="127.0.0.1", devices=[devices[0]], auth_secret_file=ours) as other:
+    with tide.Engine(**net.config(), auth_secret_file=ours) as other:
         with pytest.raises(tide.AuthFailed):
             other.probe(peer.hello["segment"], 5.0)

@@ -1,0 +1,103 @@
+"""The drop-in package (python/compat, distribution tide-mooncake-compat) as a
+user installs it: a venv with Debian's site packages, the tide wheel and the
+compat package installed offline, then Mooncake's import line and a transfer
+over TCP; and its refusal to stand in for a real Mooncake.  Needs the wheel
+tools/python-wheel built (TIDE_TEST_WHEEL_DIR) and the package's source
+(TIDE_TEST_COMPAT_DIR); both are set by tools/python-wheel."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WHEELS = os.environ.get("TIDE_TEST_WHEEL_DIR", "")
+COMPAT = os.environ.get("TIDE_TEST_COMPAT_DIR", "")
+pytestmark = pytest.mark.skipif(not (WHEELS and COMPAT and Path(COMPAT, "pyproject.toml").is_file()),
+                                reason="needs TIDE_TEST_WHEEL_DIR and TIDE_TEST_COMPAT_DIR (tools/python-wheel test)")
+
+TRANSFER = r"""
+import numpy as np
+from mooncake.engine import TransferEngine, TransferOpcode
+import mooncake.engine, tide
+assert TransferEngine is tide.TransferEngine and TransferOpcode is tide.TransferOpcode
+a, b = TransferEngine(), TransferEngine()
+assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+src = np.frombuffer(bytes(range(256)) * 256, np.uint8).copy()
+dst = np.zeros(src.nbytes, np.uint8)
+assert a.register_memory(src.ctypes.data, src.nbytes) == 0
+assert b.register_memory(dst.ctypes.data, dst.nbytes) == 0
+peer = f"127.0.0.1:{b.get_rpc_port()}"
+assert a.transfer_sync(peer, src.ctypes.data, dst.ctypes.data, src.nbytes, TransferOpcode.Write) == 0
+assert dst.tobytes() == src.tobytes()
+back = np.zeros(src.nbytes, np.uint8)
+assert a.register_memory(back.ctypes.data, back.nbytes) == 0
+assert a.transfer_sync_read(peer, back.ctypes.data, dst.ctypes.data, src.nbytes) == 0
+assert back.tobytes() == src.tobytes()
+a.close(); b.close()
+print("moved", src.nbytes, "bytes through", mooncake.engine.__name__)
+"""
+
+
+def _run(venv: Path, code: str, env=None, cwd="/"):
+    return subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compat")
+    venv = root / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    compat = root / "compat"
+    shutil.copytree(COMPAT, compat, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    wheels = sorted(Path(WHEELS).glob("tide_transfer_engine-*.whl"))
+    assert wheels, f"no tide_transfer_engine wheel in {WHEELS}"
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-build-isolation", "--no-index",
+                        str(wheels[-1]), str(compat)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return venv
+
+
+def test_from_mooncake_engine_import_transfer_engine_moves_bytes_over_tcp(venv):
+    r = _run(venv, TRANSFER)
+    assert r.returncode == 0, r.stderr
+    assert "moved 65536 bytes through mooncake.engine" in r.stdout
+
+
+def _site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def test_refuses_to_shadow_an_installed_mooncake(venv):
+    # A distribution named like Mooncake's wheel, owning files under mooncake/.
+    info = _site_packages(venv) / "mooncake_transfer_engine-0.3.7.dist-info"
+    info.mkdir()
+    try:
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mooncake-transfer-engine\nVersion: 0.3.7\n")
+        (info / "RECORD").write_text("mooncake/engine.cpython-311-x86_64-linux-gnu.so,,\n")
+        r = _run(venv, "import mooncake.engine")
+        assert r.returncode != 0
+        assert "ImportError: tide-mooncake-compat refuses to stand in for Mooncake" in r.stderr
+        assert "distribution mooncake-transfer-engine 0.3.7" in r.stderr and "TIDE_MOONCAKE_COMPAT=force" in r.stderr
+        # The override, explicit: tide's module, with a warning on the "tide" logger.
+        r = _run(venv, TRANSFER, env={"TIDE_MOONCAKE_COMPAT": "force"})
+        assert r.returncode == 0, r.stderr
+        assert "TIDE_MOONCAKE_COMPAT=force" in r.stderr
+    finally:
+        shutil.rmtree(info)
+    assert _run(venv, "import mooncake.engine").returncode == 0
+
+
+def test_refuses_a_mooncake_package_later_on_sys_path(venv, tmp_path):
+    other = tmp_path / "src"
+    (other / "mooncake").mkdir(parents=True)
+    (other / "mooncake" / "__init__.py").write_text("")
+    r = _run(venv, f"import sys; sys.path.append({str(other)!r}); import mooncake")
+    assert r.returncode != 0
+    assert f"package {other / 'mooncake'}" in r.stderr

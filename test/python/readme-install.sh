@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# test/python/readme-install.sh — python/README.md's "## Install" section, run as a user runs it:
+# its ```sh blocks in order, in a fresh clone of this repository (HEAD: commit first), then bytes
+# moved over TCP with the venv they made, through `import tide` and through the drop-in's
+# `from mooncake.engine import TransferEngine`.  Run by tools/run-tests (stage python-install).
+#
+#   bash test/python/readme-install.sh [--keep]    --keep: leave the clone (its path is printed)
+#
+# The apt-get line runs as written when a package it names is missing (as root); when all are
+# installed it is reported and skipped, so that no apt lock is taken.  Exit status 0 when every
+# block and the transfers passed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd -P)
+keep=0
+for a in "$@"; do
+  case $a in
+    --keep) keep=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "readme-install: unknown argument '$a' (see --help)" >&2; exit 2 ;;
+  esac
+done
+work=$(mktemp -d "${TMPDIR:-/tmp}/tide-readme-install.XXXXXX")
+((keep)) && echo "readme-install: clone kept in $work/tide" >&2 || trap 'rm -rf "$work"' EXIT
+git clone -q "$root" "$work/tide"
+
+# The blocks of the section "## Install" (with its subsections), as one script.
+/usr/bin/python3 - "$work/tide/python/README.md" > "$work/blocks.sh" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"^## Install\n(.*?)(?=^## )", text + "\n## end\n", re.S | re.M)
+if not m:
+    sys.exit("python/README.md has no '## Install' section")
+blocks = re.findall(r"^```sh\n(.*?)^```", m.group(1), re.S | re.M)
+if len(blocks) < 2:
+    sys.exit(f"python/README.md's Install section has {len(blocks)} sh blocks, expected the apt-get and venv ones")
+# The top-level README.md quotes the venv and drop-in commands: they must be these.
+readme = open(sys.argv[1].replace("python/README.md", "README.md")).read()
+quoted = [l for b in re.findall(r"^```sh\n(.*?)^```", readme, re.S | re.M) for l in b.splitlines()
+          if l.startswith(".venv/") or "-m venv" in l]
+missing = [l for l in quoted if l not in "\n".join(blocks).splitlines()]
+if not quoted or missing:
+    sys.exit(f"README.md's Python commands differ from python/README.md's Install section: {missing or 'none quoted'}")
+print("\n".join(blocks))
+EOF
+echo "=== the blocks of python/README.md's Install section:" >&2
+cat "$work/blocks.sh" >&2
+
+(
+  cd "$work/tide"
+  # apt-get as written when something is missing, else nothing (no lock, no network).
+  apt-get() {
+    local p missing=()
+    for p in "$@"; do
+      [[ $p == -* || $p == install ]] && continue
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    done
+    if ((${#missing[@]} == 0)); then
+      echo "readme-install: every package of 'apt-get $*' is installed: skipped" >&2
+      return 0
+    fi
+    command apt-get "$@"
+  }
+  set -x
+  # shellcheck disable=SC1091
+  source "$work/blocks.sh"
+)
+
+echo "=== a transfer over TCP with the venv the blocks made" >&2
+py=$work/tide/.venv/bin/python
+cd "$work"  # not the clone: `import tide` must be the installed module
+"$py" - <<'EOF'
+import tide
+
+a = tide.Engine(local_server_name="127.0.0.1", transports="tcp")
+b = tide.Engine(local_server_name="127.0.0.1", transports="tcp")
+src = a.register(bytearray(bytes(range(256)) * 64))
+dst = b.register(bytearray(len(src)))
+seg = a.open(b.segment_name)
+assert a.transfer([tide.write(src, seg, dst.buffer_id)], timeout=60) == len(src)
+assert bytes(dst.obj) == bytes(src.obj)
+a.close(); b.close()
+print("readme-install: tide", tide.__version__, "moved", len(src), "bytes over TCP")
+EOF
+"$py" - <<'EOF'
+import ctypes
+from mooncake.engine import TransferEngine, TransferOpcode
+
+a, b = TransferEngine(), TransferEngine()
+assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+src = ctypes.create_string_buffer(bytes(range(256)) * 64)
+dst = ctypes.create_string_buffer(len(src))
+assert a.register_memory(ctypes.addressof(src), len(src)) == 0
+assert b.register_memory(ctypes.addressof(dst), len(dst)) == 0
+peer = f"127.0.0.1:{b.get_rpc_port()}"
+assert a.transfer_sync(peer, ctypes.addressof(src), ctypes.addressof(dst), len(src), TransferOpcode.Write) == 0
+assert dst.raw == src.raw
+a.close(); b.close()
+print("readme-install: mooncake.engine moved", len(src), "bytes over TCP")
+EOF
+echo "readme-install: passed" >&2
