@@ -2,7 +2,8 @@
 # test/python/readme-install.sh — python/README.md's "## Install" section, run as a user runs it:
 # its ```sh blocks in order, in a fresh clone of this repository (HEAD: commit first), then bytes
 # moved over TCP with the venv they made, through `import tide` and through the drop-in's
-# `from mooncake.engine import TransferEngine`.  Run by tools/run-tests (stage python-install).
+# `from mooncake.engine import TransferEngine`; then README.md's Python quick start as written.
+# Run by tools/run-tests (stage python-install).
 #
 #   bash test/python/readme-install.sh [--keep]    --keep: leave the clone (its path is printed)
 #
@@ -98,4 +99,39 @@ assert dst.raw == src.raw
 a.close(); b.close()
 print("readme-install: mooncake.engine moved", len(src), "bytes over TCP")
 EOF
+echo "=== README.md's Python quick start (target.py, initiator.py) as written" >&2
+# The blocks are run unchanged; the environment keeps them on loopback (a program that sets no
+# local_server_name takes TIDE_LOCAL_SERVER_NAME).
+/usr/bin/python3 - "$work/tide/README.md" "$work" <<'EOF'
+import re, sys
+readme, out = open(sys.argv[1]).read(), sys.argv[2]
+blocks = re.findall(r"^```python\n(.*?)^```", readme, re.S | re.M)
+for name in ("target.py", "initiator.py"):
+    found = [b for b in blocks if f"# {name}" in b.splitlines()[0]]
+    if len(found) != 1:
+        sys.exit(f"README.md has {len(found)} python blocks whose first line names {name}")
+    open(f"{out}/{name}", "w").write(found[0])
+EOF
+export TIDE_LOCAL_SERVER_NAME=127.0.0.1
+mkfifo "$work/target.stdin"
+"$py" "$work/target.py" < "$work/target.stdin" > "$work/target.out" 2> "$work/target.err" &
+target=$!
+exec 7> "$work/target.stdin"  # held open: the target's input() waits until it is closed
+for _ in $(seq 600); do  # its first line, or its exit; 60 s at most
+  [[ -s $work/target.out ]] && break
+  kill -0 "$target" 2>/dev/null || break
+  sleep 0.1
+done
+read -r name id < "$work/target.out" || {
+  cat "$work/target.err" >&2
+  echo "readme-install: target.py printed nothing" >&2
+  exit 1
+}
+got=$("$py" "$work/initiator.py" "$name" "$id")
+echo "initiator.py: $got" >&2
+echo >&7 && exec 7>&-  # Enter: the target stops
+wait "$target" || { cat "$work/target.err" >&2; echo "readme-install: target.py failed" >&2; exit 1; }
+[[ $got == "1048576 bytes" ]] || { echo "readme-install: initiator.py printed '$got', expected '1048576 bytes'" >&2; exit 1; }
+unset TIDE_LOCAL_SERVER_NAME
+
 echo "readme-install: passed" >&2
