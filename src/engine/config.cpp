@@ -39,10 +39,7 @@ std::string config_table::env_name(std::string_view key) {
 namespace {
 namespace ct = config_table;
 
-template <class T>
-struct is_duration : std::false_type {};
-template <class R, class Per>
-struct is_duration<std::chrono::duration<R, Per>> : std::true_type {};
+using ct::is_duration;
 template <class T>
 constexpr bool is_text = std::is_same_v<T, std::string>;
 template <class T>

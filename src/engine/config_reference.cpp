@@ -9,10 +9,7 @@ namespace tide {
 namespace {
 namespace ct = config_table;
 
-template <class T>
-struct is_duration : std::false_type {};
-template <class R, class Per>
-struct is_duration<std::chrono::duration<R, Per>> : std::true_type {};
+using ct::is_duration;
 
 template <class T>
 std::string type_name(const ct::spec& s) {

@@ -5,10 +5,18 @@
 
 #include <tide/engine.hpp>
 
+#include <chrono>
 #include <climits>
 #include <string_view>
+#include <type_traits>
 
 namespace tide::config_table {
+
+/// Whether a field holds a std::chrono::duration (read as an integer count of its unit).
+template <class T>
+struct is_duration : std::false_type {};
+template <class R, class Per>
+struct is_duration<std::chrono::duration<R, Per>> : std::true_type {};
 
 /// How a Mooncake MC_* variable's value is read (what Mooncake accepts).
 enum class mc_rule : std::uint8_t {
