@@ -44,6 +44,8 @@ enum class errc : int {
   config_invalid,           ///< a config field or environment override is out of range
   remote_access_denied,     ///< the peer's descriptor does not grant this operation on that buffer
   batch_too_large,          ///< a batch capacity above engine_config::max_tasks_per_batch
+  memory_unsupported,       ///< memory of a kind this host cannot move (GPU memory without a CUDA driver, or no path reaches it)
+  copy_failed,              ///< a staging copy between device and host memory failed (the log names the driver's error)
 
   // --- endpoint: one connection to one peer NIC is affected ---
   handshake_failed = 200,   ///< TCP handshake could not be completed (connect/read/write)

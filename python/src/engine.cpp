@@ -58,6 +58,7 @@ pyb::dict tcp_stats_dict(const tcp::stats& t, std::uint16_t port) {
   d["dropped"] = t.dropped;
   d["bytes_served_in"] = t.bytes_served_in;
   d["bytes_served_out"] = t.bytes_served_out;
+  d["bytes_staged"] = t.bytes_staged;
   d["open_connections"] = t.open_connections;
   return d;
 }

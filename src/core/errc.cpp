@@ -39,6 +39,8 @@ constexpr errc_text text_of(errc e) noexcept {
     case errc::config_invalid: return {"config_invalid", "a configuration value is out of range"};
     case errc::remote_access_denied: return {"remote_access_denied", "the peer's buffer does not allow this operation"};
     case errc::batch_too_large: return {"batch_too_large", "the batch capacity is above max_tasks_per_batch"};
+    case errc::memory_unsupported: return {"memory_unsupported", "memory of a kind this host cannot move"};
+    case errc::copy_failed: return {"copy_failed", "a staging copy between device and host memory failed"};
     case errc::handshake_failed: return {"handshake_failed", "the TCP handshake with the peer failed"};
     case errc::handshake_rejected: return {"handshake_rejected", "the peer rejected the handshake"};
     case errc::peer_unreachable: return {"peer_unreachable", "the peer cannot be reached"};

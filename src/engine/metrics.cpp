@@ -225,6 +225,9 @@ void tcp_transport(writer& w, const tcp::stats& t) {
   w.sample("tide_tcp_bytes_total", {{"direction", "read"}}, t.bytes_read);
   w.sample("tide_tcp_bytes_total", {{"direction", "served_in"}}, t.bytes_served_in);
   w.sample("tide_tcp_bytes_total", {{"direction", "served_out"}}, t.bytes_served_out);
+  w.family("tide_tcp_staged_bytes_total", "counter",
+           "TCP payload bytes copied through staging buffers (GPU memory, or host memory with stage_host_memory).");
+  w.sample("tide_tcp_staged_bytes_total", {}, t.bytes_staged);
   w.family("tide_tcp_connections_total", "counter", "TCP data connections, by event (client and server).");
   w.sample("tide_tcp_connections_total", {{"event", "opened"}}, t.connections_opened);
   w.sample("tide_tcp_connections_total", {{"event", "connect_failed"}}, t.connect_failures);

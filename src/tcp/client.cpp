@@ -248,6 +248,7 @@ class connection : public std::enable_shared_from_this<connection> {
   void start_send(op* o) {
     sending_ = o;
     sent_ = 0;
+    staged_begin_ = staged_end_ = 0;
     header_ = wire::encode_tcp_header({o->length, o->remote_addr, o->kind, !v1_});
     send_total_ = wire::kTcpHeaderSize + (o->kind == transfer_op::write ? o->length : 0);
     send_some();
@@ -263,7 +264,22 @@ class connection : public std::enable_shared_from_this<connection> {
     if (sent_ < wire::kTcpHeaderSize) bufs[0] = asio::buffer(header_.data() + sent_, wire::kTcpHeaderSize - sent_);
     if (o->kind == transfer_op::write) {
       const std::uint64_t off = sent_ > wire::kTcpHeaderSize ? sent_ - wire::kTcpHeaderSize : 0;
-      bufs[1] = asio::buffer(reinterpret_cast<const void*>(o->local_addr + off), o->length - off);
+      if (o->stager == nullptr) {
+        bufs[1] = asio::buffer(reinterpret_cast<const void*>(o->local_addr + off), o->length - off);
+      } else {
+        // Staged: the next chunk is copied out once the last one is sent.
+        std::byte* stage = send_stage_.get(*o->stager);
+        if (stage == nullptr) return stage_failed(o, errc::out_of_memory, "no memory for a staging buffer");
+        if (off == staged_end_) {
+          const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(stage_buffer::kBytes, o->length - off));
+          if (const errc c = o->stager->to_host(stage, o->local_addr + off, n); c != errc::ok)
+            return stage_failed(o, c, "the staging copy out of " + std::string(o->stager->name()) + " memory failed");
+          staged_begin_ = off;
+          staged_end_ = off + n;
+          counters::add(client_.count().bytes_staged, n);
+        }
+        bufs[1] = asio::buffer(stage + (off - staged_begin_), staged_end_ - off);
+      }
     }
     sock_.async_write_some(bufs, [self = shared_from_this()](const error_code& e, std::size_t k) { self->on_sent(e, k); });
   }
@@ -344,17 +360,51 @@ class connection : public std::enable_shared_from_this<connection> {
     pump_send();
   }
 
+  // A staging copy (or its buffer) failed for `o`: it ends with `e`, and
+  // the connection, mid-stream, closes; its other requests go elsewhere.
+  void stage_failed(op* o, errc e, const std::string& why) {
+    copy_failed_op_ = o;
+    copy_failed_errc_ = e;
+    fail_all(errc::connection_lost, why);
+  }
+
+  // Staged READ: `off` bytes are in the destination, `fill` more in the
+  // bounce buffer; a full chunk (or the last) is copied in before the next.
+  void read_staged(op* o, std::uint64_t off, std::size_t fill) {
+    std::byte* stage = recv_stage_.get(*o->stager);
+    if (stage == nullptr) return stage_failed(o, errc::out_of_memory, "no memory for a staging buffer");
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(stage_buffer::kBytes, o->length - off));
+    sock_.async_read_some(asio::buffer(stage + fill, want - fill),
+                          [self = shared_from_this(), o, off, fill, want, stage](const error_code& e, std::size_t k) {
+                            if (self->phase_ == phase::closed) return;
+                            if (e) return self->fail_all(errc::connection_lost, "READ from " + self->where() + ": " + e.message());
+                            self->last_progress_ns_ = now_ns();
+                            if (fill + k < want) return self->read_staged(o, off, fill + k);
+                            if (const errc c = o->stager->from_host(o->local_addr + off, stage, want); c != errc::ok)
+                              return self->stage_failed(o, c, "the staging copy into " + std::string(o->stager->name()) +
+                                                                  " memory failed");
+                            counters::add(self->client_.count().bytes_staged, want);
+                            if (off + want < o->length) return self->read_staged(o, off + want, 0);
+                            self->read_done(o);
+                          });
+  }
+
+  void read_done(op* o) {
+    counters::add(client_.count().bytes_read, o->length);
+    inflight_.pop();
+    complete(o, errc::ok);
+    received_one();
+  }
+
   void read_payload(op* o, std::uint64_t off) {
+    if (o->stager != nullptr) return read_staged(o, off, 0);
     sock_.async_read_some(asio::buffer(reinterpret_cast<void*>(o->local_addr + off), o->length - off),
                           [self = shared_from_this(), o, off](const error_code& e, std::size_t k) {
                             if (self->phase_ == phase::closed) return;
                             if (e) return self->fail_all(errc::connection_lost, "READ from " + self->where() + ": " + e.message());
                             self->last_progress_ns_ = now_ns();
                             if (off + k < o->length) return self->read_payload(o, off + k);
-                            counters::add(self->client_.count().bytes_read, o->length);
-                            self->inflight_.pop();
-                            self->complete(o, errc::ok);
-                            self->received_one();
+                            self->read_done(o);
                           });
   }
 
@@ -396,7 +446,8 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     sending_ = nullptr;
     receiving_ = false;
-    while (op* o = inflight_.pop()) complete(o, e);
+    while (op* o = inflight_.pop()) complete(o, o == copy_failed_op_ ? copy_failed_errc_ : e);
+    copy_failed_op_ = nullptr;
     // Ops never sent go to another connection of the pool (a few times: a
     // peer that closes every connection at once must not spin us), unless
     // the peer cannot be reached or proved nothing, or we stop.
@@ -474,6 +525,15 @@ class connection : public std::enable_shared_from_this<connection> {
   asio_tcp::socket sock_;
   asio_tcp::resolver resolver_;
   asio::steady_timer timer_;
+  // Staging (ops with a stager): a bounce buffer per direction, as a send
+  // and a receive run at once; [staged_begin_, staged_end_) of the op being
+  // sent is in send_stage_.
+  stage_buffer send_stage_;
+  stage_buffer recv_stage_;
+  std::uint64_t staged_begin_ = 0;
+  std::uint64_t staged_end_ = 0;
+  op* copy_failed_op_ = nullptr;  ///< ends with copy_failed_errc_ in fail_all
+  errc copy_failed_errc_ = errc::copy_failed;
 
   mutable std::mutex mu_;
   op_fifo in_;              // under mu_

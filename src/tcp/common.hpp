@@ -2,6 +2,7 @@
 // What the TCP transport's client and server share (not API): the I/O
 // threads, the counters, and the few Asio helpers both use.
 
+#include <tide/memory/memory_kind.hpp>
 #include <tide/tcp/tcp_transport.hpp>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -69,7 +71,41 @@ struct counters {
   std::atomic<std::uint64_t> connections_opened{0}, connect_failures{0}, connections_lost{0};
   std::atomic<std::uint64_t> accepted{0}, refused_source{0}, refused_full{0}, requests_served{0},
       requests_rejected{0}, auth_failed{0}, dropped{0}, bytes_served_in{0}, bytes_served_out{0}, open_connections{0};
+  std::atomic<std::uint64_t> bytes_staged{0};
   static void add(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept { c.fetch_add(n, std::memory_order_relaxed); }
+};
+
+/// A bounce buffer for payloads a copy engine stages (GPU memory, or host
+/// memory with the staging switch): one per direction of a connection,
+/// allocated on the first staged request, page-locked by the first engine
+/// that pins (CUDA: copies then run at the DMA engine's speed), unpinned
+/// when it goes.  One I/O thread's.
+class stage_buffer {
+ public:
+  static constexpr std::size_t kBytes = std::size_t{1} << 20;
+  stage_buffer() = default;
+  stage_buffer(const stage_buffer&) = delete;
+  stage_buffer& operator=(const stage_buffer&) = delete;
+  ~stage_buffer() {
+    if (pinned_by_ != nullptr) pinned_by_->unpin(data_.get());
+  }
+  /// The buffer, ready for `e`'s copies; null when it cannot be allocated.
+  [[nodiscard]] std::byte* get(const memory::copy_engine& e) noexcept {
+    if (!data_) {
+      data_.reset(new (std::nothrow) std::byte[kBytes]);
+      if (!data_) return nullptr;
+    }
+    if (pinned_by_ == nullptr && tried_ != &e) {
+      tried_ = &e;
+      if (e.pin(data_.get(), kBytes)) pinned_by_ = &e;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  const memory::copy_engine* pinned_by_ = nullptr;
+  const memory::copy_engine* tried_ = nullptr;  ///< the last engine asked to pin (once each)
 };
 
 [[nodiscard]] inline std::int64_t now_ns() noexcept {

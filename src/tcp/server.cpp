@@ -190,12 +190,13 @@ class session : public std::enable_shared_from_this<session> {
     req_ = wire::decode_tcp_header(header_);
     wire::tcp_status st = wire::tcp_status::addr_rejected;
     if (req_.size != 0 && req_.addr <= UINT64_MAX - req_.size)
-      st = srv_.memory().open_range(req_.addr, req_.size, req_.op, handle_);
+      st = srv_.memory().open_range(req_.addr, req_.size, req_.op, handle_, stager_);
     if (st != wire::tcp_status::ok) {
       handle_ = nullptr;
       return reject(st);
     }
     done_ = 0;
+    staged_begin_ = staged_end_ = 0;
     enter(phase::payload, srv_.cfg().progress_timeout);
     if (req_.op == transfer_op::write) return receive_payload();
     if (req_.v2) {
@@ -240,8 +241,50 @@ class session : public std::enable_shared_from_this<session> {
     });
   }
 
+  // A staging copy failed: the request cannot complete, and mid-stream the
+  // connection can only close (the client's request fails over or retries).
+  void stage_failed(const char* what) {
+    TIDE_LOG_WARN("tcp data port: " << peer_text() << " [" << req_.addr << ", +" << req_.size << "): " << what);
+    close();
+  }
+
+  // Staged WRITE: `fill` bytes of the chunk at done_ are in the bounce
+  // buffer; a full chunk (or the last) is copied into the buffer's memory.
+  void receive_staged(std::size_t fill) {
+    std::byte* stage = stage_.get(*stager_);
+    if (stage == nullptr) return stage_failed("no memory for a staging buffer");
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(stage_buffer::kBytes, req_.size - done_));
+    sock_.async_read_some(asio::buffer(stage + fill, want - fill),
+                          [self = shared_from_this(), fill, want, stage](const error_code& e, std::size_t k) {
+                            if (self->phase_ == phase::closed) return;
+                            if (e) return self->close();
+                            self->last_progress_ns_ = now_ns();
+                            if (fill + k < want) return self->receive_staged(fill + k);
+                            if (self->stager_->from_host(self->req_.addr + self->done_, stage, want) != errc::ok)
+                              return self->stage_failed("the staging copy into the buffer failed");
+                            counters::add(self->srv_.count().bytes_staged, want);
+                            self->done_ += want;
+                            if (self->done_ < self->req_.size) return self->receive_staged(0);
+                            self->write_served();
+                          });
+  }
+
+  void write_served() {
+    release();
+    counters::add(srv_.count().bytes_served_in, req_.size);
+    counters::add(srv_.count().requests_served);
+    if (!req_.v2) return wait_header();
+    status_ = wire::encode_tcp_status(wire::tcp_status::ok);
+    asio::async_write(sock_, asio::buffer(status_), [self = shared_from_this()](const error_code& e2, std::size_t) {
+      if (self->phase_ == phase::closed) return;
+      if (e2) return self->close();
+      self->wait_header();
+    });
+  }
+
   // WRITE: the payload goes straight into the registered buffer.
   void receive_payload() {
+    if (stager_ != nullptr) return receive_staged(0);
     sock_.async_read_some(asio::buffer(reinterpret_cast<void*>(req_.addr + done_), req_.size - done_),
                           [self = shared_from_this()](const error_code& e, std::size_t k) {
                             if (self->phase_ == phase::closed) return;
@@ -249,17 +292,7 @@ class session : public std::enable_shared_from_this<session> {
                             self->last_progress_ns_ = now_ns();
                             self->done_ += k;
                             if (self->done_ < self->req_.size) return self->receive_payload();
-                            self->release();
-                            counters::add(self->srv_.count().bytes_served_in, self->req_.size);
-                            counters::add(self->srv_.count().requests_served);
-                            if (!self->req_.v2) return self->wait_header();
-                            self->status_ = wire::encode_tcp_status(wire::tcp_status::ok);
-                            asio::async_write(self->sock_, asio::buffer(self->status_),
-                                              [self](const error_code& e2, std::size_t) {
-                                                if (self->phase_ == phase::closed) return;
-                                                if (e2) return self->close();
-                                                self->wait_header();
-                                              });
+                            self->write_served();
                           });
   }
 
@@ -270,7 +303,22 @@ class session : public std::enable_shared_from_this<session> {
     const std::size_t head = req_.v2 ? wire::kTcpStatusSize : 0;
     if (done_ < head) bufs[0] = asio::buffer(status_.data() + done_, head - done_);
     const std::uint64_t off = done_ > head ? done_ - head : 0;
-    bufs[1] = asio::buffer(reinterpret_cast<const void*>(req_.addr + off), req_.size - off);
+    if (stager_ == nullptr) {
+      bufs[1] = asio::buffer(reinterpret_cast<const void*>(req_.addr + off), req_.size - off);
+    } else {
+      // Staged: the next chunk is copied out once the last one is sent.
+      std::byte* stage = stage_.get(*stager_);
+      if (stage == nullptr) return stage_failed("no memory for a staging buffer");
+      if (off == staged_end_) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(stage_buffer::kBytes, req_.size - off));
+        if (stager_->to_host(stage, req_.addr + off, n) != errc::ok)
+          return stage_failed("the staging copy out of the buffer failed");
+        staged_begin_ = off;
+        staged_end_ = off + n;
+        counters::add(srv_.count().bytes_staged, n);
+      }
+      bufs[1] = asio::buffer(stage + (off - staged_begin_), staged_end_ - off);
+    }
     sock_.async_write_some(bufs, [self = shared_from_this()](const error_code& e, std::size_t k) {
       if (self->phase_ == phase::closed) return;
       if (e) return self->close();
@@ -322,6 +370,11 @@ class session : public std::enable_shared_from_this<session> {
   wire::tcp_status_bytes status_{};
   void* handle_ = nullptr;
   std::uint64_t done_ = 0, total_ = 0;
+  // Staging (a buffer whose memory the socket cannot touch): the request's
+  // copy engine, its bounce buffer, and the chunk of a READ in it.
+  const memory::copy_engine* stager_ = nullptr;
+  stage_buffer stage_;
+  std::uint64_t staged_begin_ = 0, staged_end_ = 0;
   std::vector<std::uint8_t> scratch_;
   wire::auth_nonce server_nonce_{}, client_nonce_{};
   std::string identity_;

@@ -79,6 +79,7 @@ tcp::stats transport::stats() const noexcept {
   s.dropped = l(c.dropped);
   s.bytes_served_in = l(c.bytes_served_in);
   s.bytes_served_out = l(c.bytes_served_out);
+  s.bytes_staged = l(c.bytes_staged);
   s.open_connections = l(c.open_connections);
   return s;
 }

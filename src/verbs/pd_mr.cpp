@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <unistd.h>
 #include <utility>
 
 namespace tide::verbs {
@@ -57,6 +58,31 @@ result<memory_region> memory_region::register_memory(const protection_domain& pd
     return fail(std::move(e));
   }
   return memory_region{mr};
+}
+
+result<memory_region> memory_region::register_dmabuf(const protection_domain& pd, int fd, std::uint64_t offset,
+                                                     std::size_t length, std::uint64_t iova, int access) {
+  const auto dev = device_name_of(pd.context_handle());
+  if (length == 0) return fail(errc::zero_length, "ibv_reg_dmabuf_mr on " + std::string(dev) + ": length 0");
+  errno = 0;
+  ibv_mr* mr = ::ibv_reg_dmabuf_mr(pd.native_handle(), offset, length, iova, fd, access);
+  if (mr == nullptr)
+    return fail(verbs_error("ibv_reg_dmabuf_mr(" + std::to_string(length) + " bytes)", dev, errno));
+  return memory_region{mr};
+}
+
+dmabuf_support probe_dmabuf(const protection_domain& pd) noexcept {
+  // UCX's probe: an invalid fd gets EBADF from a provider that implements
+  // dma-buf registration, and EOPNOTSUPP from one that does not (rxe, siw).
+  errno = 0;
+  ibv_mr* mr = ::ibv_reg_dmabuf_mr(pd.native_handle(), 0, static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)), 0, -1,
+                                   IBV_ACCESS_LOCAL_WRITE);
+  const int err = errno;
+  if (mr != nullptr) {  // no provider should accept fd -1; never leak it if one does
+    (void)::ibv_dereg_mr(mr);
+    return {true, 0};
+  }
+  return {err == EBADF, err};
 }
 
 memory_region::memory_region(memory_region&& o) noexcept : mr_(std::exchange(o.mr_, nullptr)) {}

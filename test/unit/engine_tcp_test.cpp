@@ -9,6 +9,8 @@
 #include "support/process.hpp"
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include <tide/memory/memory_kind.hpp>
+
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -247,6 +249,56 @@ TEST_CASE("tcp engine pair in one process: WRITE and READ, 1 B .. 32 MiB, unalig
   REQUIRE(a->free_batch(*batch));
   CHECK(a->tcp_stats().ops_ok > 0);
   CHECK(b->tcp_stats().requests_served > 0);
+}
+
+TEST_CASE("tcp engine, staged (stage_host_memory): every byte through the bounce buffers at both ends, "
+          "sizes around the 1 MiB chunk") {
+  auto c = tcp_config();
+  c.stage_host_memory = true;
+  auto a = make(c);
+  auto b = make(c);
+  constexpr std::size_t kMax = (std::size_t{5} << 20) + 64;
+  buffer src(kMax), dst(kMax), back(kMax);
+  REQUIRE(a->register_memory(src.data, src.size));
+  REQUIRE(a->register_memory(back.data, back.size));
+  REQUIRE(b->register_memory(dst.data, dst.size));
+  auto seg = a->open_segment(b->segment_name());
+  REQUIRE(seg);
+  std::uint64_t seed = 40;
+  std::uint64_t moved = 0;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{4096}, (std::size_t{1} << 20) - 1, std::size_t{1} << 20,
+                              (std::size_t{1} << 20) + 1, (std::size_t{5} << 20) + 13}) {
+    CAPTURE(n);
+    const std::size_t off = 17;
+    if (n + off > kMax) continue;
+    fill(src.data + off, n, ++seed);
+    CHECK(run_one(*a, transfer_request::in_buffer(transfer_op::write, src.data + off, *seg, 0, off, n)).state ==
+          transfer_state::completed);
+    CHECK(std::memcmp(dst.data + off, src.data + off, n) == 0);
+    std::memset(back.data, 0, kMax);
+    CHECK(run_one(*a, transfer_request::in_buffer(transfer_op::read, back.data + off, *seg, 0, off, n)).state ==
+          transfer_state::completed);
+    CHECK(std::memcmp(back.data + off, src.data + off, n) == 0);
+    CHECK(back.data[off + n] == 0);
+    CHECK(back.data[off - 1] == 0);
+    moved += 2 * n;
+  }
+  // Each side staged every byte it moved: the initiator its WRITEs' sources
+  // and READs' destinations, the server the same bytes at its end.
+  CHECK(a->tcp_stats().bytes_staged == moved);
+  CHECK(b->tcp_stats().bytes_staged == moved);
+}
+
+TEST_CASE("tcp engine: GPU memory without a CUDA driver is refused at registration, with the reason") {
+  if (tide::memory::cuda().usable) return;  // tools/gpu-check registers real GPU memory
+  auto a = make(tcp_config());
+  buffer buf(65536);
+  auto r = a->register_memory(buf.data, buf.size, "cuda:0");
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::memory_unsupported);
+  CHECK(r.error().detail.find(tide::memory::cuda().why_not) != std::string::npos);
+  // Host memory registers as before.
+  CHECK(a->register_memory(buf.data, buf.size));
 }
 
 TEST_CASE("tcp engine: bad input gets its own errc, checked at submit and by the serving side") {

@@ -38,6 +38,7 @@ class memory_table final : public tide::tcp::local_memory {
     tide::buffer_access access = tide::buffer_access::remote_read_write;
     std::atomic<int> open{0};
     std::atomic<bool> closing{false};
+    const tide::memory::copy_engine* stager = nullptr;  ///< the server stages through it
     [[nodiscard]] std::uint64_t addr() const { return reinterpret_cast<std::uint64_t>(bytes.data() + kGuard); }
     [[nodiscard]] std::size_t size() const { return bytes.size() - 2 * kGuard; }
     [[nodiscard]] bool guards_intact() const {
@@ -57,8 +58,8 @@ class memory_table final : public tide::tcp::local_memory {
     return *regions_.back();
   }
 
-  wire::tcp_status open_range(std::uint64_t addr, std::uint64_t length, transfer_op kind,
-                              void*& handle) noexcept override {
+  wire::tcp_status open_range(std::uint64_t addr, std::uint64_t length, transfer_op kind, void*& handle,
+                              const tide::memory::copy_engine*& stager) noexcept override {
     for (auto& r : regions_) {
       if (addr < r->addr() || addr - r->addr() > r->size() || length > r->size() - (addr - r->addr())) continue;
       if (r->closing.load()) return wire::tcp_status::unavailable;
@@ -67,6 +68,7 @@ class memory_table final : public tide::tcp::local_memory {
       r->open.fetch_add(1);
       opened.fetch_add(1);
       handle = r.get();
+      stager = r->stager;
       return wire::tcp_status::ok;
     }
     return wire::tcp_status::addr_rejected;

@@ -178,6 +178,7 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.allow_no_devices = kinds->tcp;
   tc.tcp_data_port = im->tcp ? im->tcp->port() : 0;
   tc.carrier_slice_size = e->cfg_.tcp_slice_size;
+  tc.stage_host_memory = e->cfg_.stage_host_memory;
   tc.context.local_server_name = e->name_;
   tc.context.port = e->cfg_.ib_port;
   tc.context.gid_index = e->cfg_.gid_index;

@@ -51,15 +51,16 @@ class tcp_route final : public rdma::detail::slice_carrier, public tcp::local_me
     j->local_addr = s.local_addr;
     j->remote_addr = s.remote_addr;
     j->length = s.length;
+    j->stager = dp->stager_of(s.local_addr, s.length);
     j->requeued_ = 0;
     tcp_->submit(tcp::peer{seg->tcp_host, seg->tcp_port, seg->tcp_version}, *j);
   }
 
-  wire::tcp_status open_range(std::uint64_t addr, std::uint64_t length, transfer_op kind,
-                              void*& handle) noexcept override {
+  wire::tcp_status open_range(std::uint64_t addr, std::uint64_t length, transfer_op kind, void*& handle,
+                              const memory::copy_engine*& stager) noexcept override {
     auto* dp = data_path_.load(std::memory_order_acquire);
     if (dp == nullptr) return wire::tcp_status::unavailable;  // still starting
-    switch (dp->open_local_range(addr, length, kind, handle)) {
+    switch (dp->open_local_range(addr, length, kind, handle, stager)) {
       case errc::ok: return wire::tcp_status::ok;
       case errc::remote_access_denied: return wire::tcp_status::access_denied;
       case errc::busy: return wire::tcp_status::unavailable;

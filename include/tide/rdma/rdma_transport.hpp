@@ -41,6 +41,7 @@
 #include <array>
 #include <map>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -92,6 +93,9 @@ struct transport_config {
   /// Slicing of submits that only the carrier can take (each WR is a
   /// request with its own header there, so fewer, larger ones).
   std::size_t carrier_slice_size = std::size_t{256} << 10;
+  /// Host memory is staged through the host copy engine as GPU memory is
+  /// through CUDA's (engine_config::stage_host_memory).
+  bool stage_host_memory = false;
 };
 
 template <class P>
@@ -227,9 +231,16 @@ class rdma_transport {
   /// stays registered (unregister_memory waits) until close_local_range.
   /// Errors (no detail: the I/O path): out_of_bounds (no buffer holds the
   /// range), remote_access_denied (its access mode forbids `op`; local_only
-  /// buffers forbid both), busy (being unregistered).  Any thread.
-  [[nodiscard]] errc open_local_range(std::uint64_t addr, std::uint64_t len, transfer_op op, void*& handle) noexcept;
+  /// buffers forbid both), busy (being unregistered).  `stager`: the
+  /// buffer's copy engine where bytes must be staged (GPU memory), else
+  /// null.  Any thread.
+  [[nodiscard]] errc open_local_range(std::uint64_t addr, std::uint64_t len, transfer_op op, void*& handle,
+                                      const memory::copy_engine*& stager) noexcept;
   void close_local_range(void* handle) noexcept;
+  /// The copy engine another transport stages [addr, addr + len) of a
+  /// registered buffer through (null: none, or no such buffer).  A submitted
+  /// slice holds its buffer, so the engine stays valid while it moves.
+  [[nodiscard]] const memory::copy_engine* stager_of(std::uint64_t addr, std::uint64_t len) const noexcept;
 
   // ---- control ----
   /// The passive handshake: routes a Connection request to the context of
@@ -241,6 +252,9 @@ class rdma_transport {
   /// path has been accepted from one identity, connects for that path from
   /// another are rejected (a re-handshake cannot re-target it).
   [[nodiscard]] handshake_desc on_connect(const handshake_desc& req, std::string_view peer_identity = {});
+  /// Whether context `i`'s NIC registers dma-bufs (GPU memory without a
+  /// peer-memory module): probed once, on first use.  Any thread.
+  [[nodiscard]] verbs::dmabuf_support dmabuf_support(std::size_t i) const;
   [[nodiscard]] std::size_t context_count() const noexcept { return contexts_.size(); }
   [[nodiscard]] context_type& context(std::size_t i) noexcept { return *contexts_[i]; }
   [[nodiscard]] const topology::priority_matrix& local_matrix() const noexcept { return matrix_; }
@@ -337,6 +351,9 @@ class rdma_transport {
   [[nodiscard]] status resolve_all(std::span<const transfer_request> requests, std::span<resolved_request> res,
                                    std::vector<segment_id>* wanted);
   [[nodiscard]] const local_buffer* find_local(std::uint64_t addr, std::uint64_t len) const noexcept;
+  // GPU memory on every context's NIC (dma-buf, else peer memory), or the
+  // error naming each NIC that can reach it by neither.
+  [[nodiscard]] status register_device_memory(local_buffer& b, const memory::range_info& info);
   // The descriptor without its buffers: name, devices, priority matrix.
   [[nodiscard]] segment_desc local_header() const;
   // The descriptor's entry of `b` (a remote-visible buffer).
@@ -373,6 +390,8 @@ class rdma_transport {
   /// descriptor without them has been published (a peer reading the store
   /// in between would get rkeys that no longer exist).
   std::vector<std::unique_ptr<local_buffer>> withdrawn_;
+  mutable std::mutex dmabuf_mu_;
+  mutable std::vector<std::optional<verbs::dmabuf_support>> dmabuf_probes_;  ///< by context, under dmabuf_mu_
   /// Under publish_mu_: the descriptor as the last publish saw it; its
   /// buffers in id order (= registration order, what local_segment() writes).
   std::optional<segment_desc> published_;

@@ -6,6 +6,7 @@
 
 #include <tide/wire/descriptors.hpp>
 #include <tide/result.hpp>
+#include <tide/memory/memory_kind.hpp>
 #include <tide/topology/location.hpp>
 #include <tide/topology/priority_matrix.hpp>
 #include <tide/verbs/mr.hpp>
@@ -57,6 +58,12 @@ struct local_buffer {
   std::string location_text;
   device_chooser chooser;
   std::vector<verbs::memory_region> mrs;  ///< one per context, in device-id order
+  memory::kind kind = memory::kind::host;
+  int device = -1;  ///< cuda: the device ordinal
+  /// Where a transport cannot touch the memory itself (TCP and GPU memory,
+  /// or host memory with stage_host_memory), it copies through this; null:
+  /// the bytes move straight from and into the buffer.
+  const memory::copy_engine* stager = nullptr;
   std::vector<std::uint32_t> lkeys;
   /// Slices of submitted transfers from this buffer not yet retired:
   /// submit adds (under the table's shared lock), retire_slice subtracts.

@@ -10,6 +10,11 @@
 /// serves only TCP, no RDMA device here, every RDMA rail to the peer down)
 /// and owns the task roll-up; here a request is an `op` with a completion.
 ///
+/// Memory the sockets cannot touch (GPU memory) is staged: a payload goes
+/// through a 1 MiB bounce buffer per connection and direction, copied in
+/// and out by the buffer's copy engine (memory/memory_kind.hpp), on both
+/// the initiating and the serving side.
+///
 /// Client: per peer a pool of at most conns_per_peer persistent connections
 /// (version-2 peers; a version-1 peer gets one request per connection, as
 /// Mooncake's v1 server closes after one), each pipelining up to
@@ -57,6 +62,9 @@
 namespace tide::wire {
 class cluster_secret;
 }
+namespace tide::memory {
+class copy_engine;
+}
 
 namespace tide::tcp {
 
@@ -76,6 +84,11 @@ class op {
   std::uint64_t local_addr = 0;   ///< inside registered memory of this process
   std::uint64_t remote_addr = 0;  ///< the peer's virtual address
   std::uint64_t length = 0;
+  /// Null: local_addr is host memory the sockets read and write directly.
+  /// Otherwise (GPU memory; host memory with the staging switch) the
+  /// payload moves through a bounce buffer, one chunk at a time, by this
+  /// engine's copies, the last of them before done().
+  const memory::copy_engine* stager = nullptr;
 
   /// The transport is done with the op: `e` is ok, connection_lost (the
   /// connection closed or stalled with it in flight: another connection may
@@ -105,9 +118,10 @@ class local_memory {
   /// Opens [addr, addr + length) for a peer's `kind`: ok and a handle
   /// when one registered buffer holds the range and grants the operation
   /// (the buffer then stays registered until close_range), else the status
-  /// that says why (addr_rejected, access_denied, unavailable).  I/O threads.
+  /// that says why (addr_rejected, access_denied, unavailable).  `stager`:
+  /// as op::stager, for the buffer's memory.  I/O threads.
   [[nodiscard]] virtual wire::tcp_status open_range(std::uint64_t addr, std::uint64_t length, transfer_op kind,
-                                                    void*& handle) noexcept = 0;
+                                                    void*& handle, const memory::copy_engine*& stager) noexcept = 0;
   virtual void close_range(void* handle) noexcept = 0;
 
  protected:
@@ -161,6 +175,8 @@ struct stats {
   std::uint64_t dropped = 0;  ///< closed for a timeout, a stall or bad input
   std::uint64_t bytes_served_in = 0;   ///< payload peers wrote here
   std::uint64_t bytes_served_out = 0;  ///< payload peers read from here
+  // both
+  std::uint64_t bytes_staged = 0;  ///< payload copied through staging buffers (GPU memory; the staging switch)
   std::uint64_t open_connections = 0;  ///< the server's, now
 };
 

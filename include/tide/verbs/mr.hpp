@@ -28,6 +28,14 @@ class memory_region {
   [[nodiscard]] static result<memory_region> register_memory(const protection_domain& pd, void* addr,
                                                              std::size_t length, int access = kDefaultAccess);
 
+  /// ibv_reg_dmabuf_mr: registers [offset, offset+length) of the dma-buf
+  /// `fd` (GPU memory exported by its driver), addressed by the peer as
+  /// [iova, iova+length).  Errors: verbs_failed with errno (EOPNOTSUPP: the
+  /// provider has no dma-buf support), resource_exhausted.  Any thread.
+  [[nodiscard]] static result<memory_region> register_dmabuf(const protection_domain& pd, int fd,
+                                                             std::uint64_t offset, std::size_t length,
+                                                             std::uint64_t iova, int access = kDefaultAccess);
+
   memory_region(memory_region&& o) noexcept;
   memory_region& operator=(memory_region&& o) noexcept;
   memory_region(const memory_region&) = delete;
@@ -51,5 +59,13 @@ class memory_region {
   void reset() noexcept;
   ibv_mr* mr_ = nullptr;
 };
+
+/// Whether a device registers dma-bufs, and the errno its probe gave.
+struct dmabuf_support {
+  bool supported = false;
+  int error = 0;  ///< EBADF when supported; EOPNOTSUPP (rxe, siw), ENOSYS... when not
+};
+/// Probes with an invalid fd (nothing is registered): cheap, once per device.
+[[nodiscard]] dmabuf_support probe_dmabuf(const protection_domain& pd) noexcept;
 
 }  // namespace tide::verbs

@@ -131,17 +131,30 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
   if (len == 0) return fail(errc::zero_length, "register_memory: length 0");
   auto loc = topology::location::parse(location);
   if (!loc) return fail(loc.error());
+  auto placed = memory::place(addr, len, *loc, location, cfg_.stage_host_memory);
+  if (!placed) return fail(placed.error());
+  if (placed->location != location) {
+    loc = topology::location::parse(placed->location);
+    if (!loc) return fail(loc.error());
+  }
   auto b = std::make_unique<local_buffer>();
   b->addr = reinterpret_cast<std::uint64_t>(addr);
   b->length = len;
-  b->location_text = std::string(location);
+  b->location_text = std::move(placed->location);
   b->access = access;
   b->chooser = device_chooser::make(*loc, matrix_);
-  for (auto& c : contexts_) {
-    auto mr = verbs::memory_region::register_memory(c->pd(), addr, len, mr_access(access));
-    if (!mr) return fail(mr.error());
-    b->lkeys.push_back(mr->lkey());
-    b->mrs.push_back(std::move(*mr));
+  b->kind = placed->info.kind;
+  b->device = placed->info.device;
+  b->stager = placed->stager;
+  if (b->kind == memory::kind::host) {
+    for (auto& c : contexts_) {
+      auto mr = verbs::memory_region::register_memory(c->pd(), addr, len, mr_access(access));
+      if (!mr) return fail(mr.error());
+      b->lkeys.push_back(mr->lkey());
+      b->mrs.push_back(std::move(*mr));
+    }
+  } else if (auto r = register_device_memory(*b, placed->info); !r) {
+    return r;
   }
   {
     std::unique_lock lock(local_mu_);
@@ -161,6 +174,72 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
     ++local_gen_;
   }
   return do_publish ? publish() : status{};
+}
+
+template <class P>
+status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::range_info& info) {
+  if (contexts_.empty()) return {};  // TCP alone: it stages through b.stager
+  // Per NIC: dma-buf where the provider takes it (one export serves every
+  // NIC: one BAR1 window), else ibv_reg_mr where a peer-memory module lets
+  // the NIC pin device pages.  A NIC that can do neither cannot reach the
+  // buffer, and the error says for each one what was tried.
+  std::optional<memory::dmabuf> exported;
+  std::string exported_error;
+  std::string refusals;
+  const bool peermem = memory::peermem_loaded();
+  for (std::size_t i = 0; i < contexts_.size(); ++i) {
+    auto& c = *contexts_[i];
+    std::string why = c.name() + ": ";
+    if (const verbs::dmabuf_support d = dmabuf_support(i); d.supported) {
+      if (!exported && exported_error.empty()) {
+        auto e = memory::dmabuf::export_range(info, b.addr, b.length);
+        if (e) exported = std::move(*e);
+        else exported_error = e.error().detail;
+      }
+      if (exported) {
+        auto mr = verbs::memory_region::register_dmabuf(c.pd(), exported->fd(), exported->offset(), b.length, b.addr,
+                                                        mr_access(b.access));
+        if (mr) {
+          b.lkeys.push_back(mr->lkey());
+          b.mrs.push_back(std::move(*mr));
+          continue;
+        }
+        why += "dma-buf registration failed (" + mr.error().detail + ")";
+      } else {
+        why += "dma-buf export failed (" + exported_error + ")";
+      }
+    } else {
+      why += std::string("no dma-buf support (probe: ") + std::strerror(d.error) + ")";
+    }
+    if (peermem) {
+      auto mr = verbs::memory_region::register_memory(c.pd(), reinterpret_cast<void*>(b.addr), b.length,
+                                                      mr_access(b.access));
+      if (mr) {
+        b.lkeys.push_back(mr->lkey());
+        b.mrs.push_back(std::move(*mr));
+        continue;
+      }
+      why += "; ibv_reg_mr with nvidia_peermem failed (" + mr.error().detail + ")";
+    } else {
+      why += "; no nvidia_peermem module for ibv_reg_mr";
+    }
+    refusals += (refusals.empty() ? "" : "; ") + why;
+  }
+  if (refusals.empty()) return {};
+  return fail(errc::memory_unsupported,
+              "register_memory: " + b.location_text + " buffer [" + std::to_string(b.addr) + ", +" +
+                  std::to_string(b.length) + ") cannot be registered on every NIC: " + refusals +
+                  ". Use transports=tcp (it stages GPU memory through host memory), or devices= the NICs that reach it");
+}
+
+template <class P>
+verbs::dmabuf_support rdma_transport<P>::dmabuf_support(std::size_t context) const {
+  // Probed once per NIC, on the first device-memory registration.
+  std::lock_guard lock(dmabuf_mu_);
+  if (dmabuf_probes_.size() < contexts_.size()) dmabuf_probes_.resize(contexts_.size());
+  auto& p = dmabuf_probes_[context];
+  if (!p) p = verbs::probe_dmabuf(contexts_[context]->pd());
+  return *p;
 }
 
 template <class P>
@@ -572,8 +651,8 @@ status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests
 // ---------------------------------------------------------------- another transport
 
 template <class P>
-errc rdma_transport<P>::open_local_range(std::uint64_t addr, std::uint64_t len, transfer_op op,
-                                         void*& handle) noexcept {
+errc rdma_transport<P>::open_local_range(std::uint64_t addr, std::uint64_t len, transfer_op op, void*& handle,
+                                         const memory::copy_engine*& stager) noexcept {
   std::shared_lock lock(local_mu_);
   const local_buffer* b = find_local(addr, len);
   if (b == nullptr) return errc::out_of_bounds;
@@ -582,7 +661,15 @@ errc rdma_transport<P>::open_local_range(std::uint64_t addr, std::uint64_t len, 
   // Under the shared lock, as a submit counts: unregister_memory's count is exact.
   b->inflight.fetch_add(1, std::memory_order_relaxed);
   handle = const_cast<local_buffer*>(b);
+  stager = b->stager;
   return errc::ok;
+}
+
+template <class P>
+const memory::copy_engine* rdma_transport<P>::stager_of(std::uint64_t addr, std::uint64_t len) const noexcept {
+  std::shared_lock lock(local_mu_);
+  const local_buffer* b = find_local(addr, len);
+  return b != nullptr ? b->stager : nullptr;
 }
 
 template <class P>
