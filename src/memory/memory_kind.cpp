@@ -139,6 +139,29 @@ const cuda_status& cuda() noexcept {
   return s;
 }
 
+std::vector<std::string> cuda_pci_bus_ids() {
+  std::vector<std::string> ids;
+  const api& a = api::get();
+  if (!a.usable || a.cuDeviceGetPCIBusId == nullptr) return ids;
+  for (int i = 0; i < a.devices; ++i) {
+    cuda_driver::CUdevice dev = 0;
+    char bus[32] = {};
+    if (a.cuDeviceGet(&dev, i) != cuda_driver::CUDA_SUCCESS ||
+        a.cuDeviceGetPCIBusId(bus, sizeof bus, dev) != cuda_driver::CUDA_SUCCESS)
+      bus[0] = '\0';
+    ids.emplace_back(bus);
+  }
+  return ids;
+}
+
+std::vector<topology::gpu_info> locate_cuda_gpus(std::string_view sysfs_root) {
+  std::vector<topology::gpu_info> gpus;
+  const auto ids = cuda_pci_bus_ids();
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    gpus.push_back(topology::locate_gpu(static_cast<int>(i), ids[i], sysfs_root));
+  return gpus;
+}
+
 result<range_info> classify(const void* addr, std::size_t len) {
   range_info info;
   const auto start = reinterpret_cast<std::uint64_t>(addr);
@@ -236,6 +259,42 @@ result<placement> place(const void* addr, std::size_t len, const topology::locat
     p.stager = *e;
   }
   return p;
+}
+
+status copy_from_host(std::uint64_t dst, const void* src, std::size_t n) {
+  auto info = classify(reinterpret_cast<const void*>(dst), n);
+  if (!info) return fail(info.error());
+  auto e = copy_engine_for(*info);
+  if (!e) return fail(e.error());
+  if ((*e)->from_host(dst, src, n) != errc::ok)
+    return fail(errc::copy_failed, "copy of " + std::to_string(n) + " bytes into " + std::string((*e)->name()) +
+                                       " memory at " + hex(dst) + " failed (the log has the driver's error)");
+  return {};
+}
+
+status copy_to_host(void* dst, std::uint64_t src, std::size_t n) {
+  auto info = classify(reinterpret_cast<const void*>(src), n);
+  if (!info) return fail(info.error());
+  auto e = copy_engine_for(*info);
+  if (!e) return fail(e.error());
+  if ((*e)->to_host(dst, src, n) != errc::ok)
+    return fail(errc::copy_failed, "copy of " + std::to_string(n) + " bytes out of " + std::string((*e)->name()) +
+                                       " memory at " + hex(src) + " failed (the log has the driver's error)");
+  return {};
+}
+
+status synchronize_cuda_stream(std::uintptr_t stream) {
+  const api& a = api::get();
+  if (!a.usable) return fail(errc::memory_unsupported, a.why);
+  auto* s = reinterpret_cast<cuda_driver::CUstream>(stream);
+  CUresult r = a.cuStreamSynchronize(s);
+  if (r == cuda_driver::CUDA_ERROR_INVALID_CONTEXT && stream == 0) {
+    r = a.use_device(0);
+    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuStreamSynchronize(s);
+  }
+  if (r != cuda_driver::CUDA_SUCCESS)
+    return fail(errc::copy_failed, "cuStreamSynchronize(" + hex(stream) + "): " + a.error_text(r));
+  return {};
 }
 
 dmabuf& dmabuf::operator=(dmabuf&& o) noexcept {

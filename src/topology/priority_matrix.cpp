@@ -1,3 +1,4 @@
+#include <tide/topology/gpu.hpp>
 #include <tide/topology/hca.hpp>
 #include <tide/topology/priority_matrix.hpp>
 
@@ -61,12 +62,31 @@ result<priority_matrix> priority_matrix::from_json(std::string_view text) {
   return m;
 }
 
-priority_matrix priority_matrix::from_hcas(const std::vector<hca_info>& hcas, const std::vector<int>& numa_nodes) {
+priority_matrix priority_matrix::from_hcas(const std::vector<hca_info>& hcas, const std::vector<int>& numa_nodes,
+                                           const std::vector<gpu_info>& gpus) {
   priority_matrix m;
   for (int node : numa_nodes) {
     std::pair<std::vector<std::string>, std::vector<std::string>> lists;
     for (const auto& h : hcas) (h.numa_node == node || h.numa_node < 0 ? lists.first : lists.second).push_back(h.name);
     m.lists_.emplace("cpu:" + std::to_string(node), std::move(lists));
+  }
+  for (const auto& g : gpus) {
+    // Candidates: the NICs on the GPU's node (or of unknown node), else all.
+    auto near_node = [&](const hca_info& h) { return g.numa_node < 0 || h.numa_node < 0 || h.numa_node == g.numa_node; };
+    const bool any_near = std::any_of(hcas.begin(), hcas.end(), near_node);
+    int best = -1;
+    for (const auto& h : hcas) {
+      const int d = pci_distance(g.pci_path, h.pci_path);
+      if ((!any_near || near_node(h)) && d >= 0 && (best < 0 || d < best)) best = d;
+    }
+    std::pair<std::vector<std::string>, std::vector<std::string>> lists;
+    for (const auto& h : hcas) {
+      const bool candidate = !any_near || near_node(h);
+      const int d = pci_distance(g.pci_path, h.pci_path);
+      const bool preferred = candidate && (best < 0 || d == best || d < 0);
+      (preferred ? lists.first : lists.second).push_back(h.name);
+    }
+    m.lists_.emplace("cuda:" + std::to_string(g.ordinal), std::move(lists));
   }
   m.index();
   return m;

@@ -1,4 +1,5 @@
 #include <tide/topology/cpu_list.hpp>
+#include <tide/topology/gpu.hpp>
 #include <tide/topology/hca.hpp>
 #include <tide/topology/location.hpp>
 #include <tide/topology/priority_matrix.hpp>
@@ -237,4 +238,58 @@ TEST_CASE("CPU lists parse as taskset -c writes them; bad parts and absent CPUs 
   CHECK(error_of("1,x").find("\"x\" is not a CPU or a range lo-hi") != std::string::npos);
   CHECK(error_of("99999999999").find("is not a CPU") != std::string::npos);  // past int: not a number
   CHECK(configured_cpus() >= 1);
+}
+
+TEST_CASE("PCI distance: components below the deepest common ancestor, -1 when a path is unknown") {
+  CHECK(pci_distance("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+                     "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0") == 0);
+  CHECK(pci_distance("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+                     "/sys/devices/pci0000:00/0000:00:01.0/0000:02:00.0") == 2);
+  CHECK(pci_distance("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+                     "/sys/devices/pci0000:00/0000:00:03.0/0000:05:00.0") == 4);
+  CHECK(pci_distance("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+                     "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0") == 6);
+  // A shared prefix of characters is not a shared component.
+  CHECK(pci_distance("/sys/devices/pci0000:00/0000:00:01.0", "/sys/devices/pci0000:00/0000:00:01.1") == 2);
+  CHECK(pci_distance("", "/sys/devices/pci0000:00") == -1);
+}
+
+TEST_CASE("cuda:N keys prefer the NICs nearest the GPU on the PCI tree, among those on its NUMA node") {
+  fake_sysfs t;
+  // Node 0: switch A holds GPU 0 and mlx5_0; switch B holds GPU 1 and mlx5_1.
+  // Node 1: mlx5_2 under its own root; GPU 2 there has it alone.
+  auto function = [&](const std::string& rel, int numa) {
+    fs::create_directories(t.root / "devices" / rel);
+    std::ofstream(t.root / "devices" / rel / "numa_node") << numa << "\n";
+    const std::string bdf = fs::path(rel).filename().string();
+    fs::create_directories(t.root / "bus/pci/devices");
+    fs::create_directory_symlink(t.root / "devices" / rel, t.root / "bus/pci/devices" / bdf);
+  };
+  function("pci0000:00/0000:00:01.0/0000:01:00.0", 0);  // mlx5_0
+  function("pci0000:00/0000:00:01.0/0000:02:00.0", 0);  // GPU 0
+  function("pci0000:00/0000:00:03.0/0000:05:00.0", 0);  // mlx5_1
+  function("pci0000:00/0000:00:03.0/0000:06:00.0", 0);  // GPU 1
+  function("pci0000:80/0000:80:01.0/0000:81:00.0", 1);  // mlx5_2
+  function("pci0000:80/0000:80:02.0/0000:82:00.0", 1);  // GPU 2
+  std::vector<hca_info> hcas(3);
+  const std::string names[] = {"mlx5_0", "mlx5_1", "mlx5_2"};
+  const std::string bdfs[] = {"0000:01:00.0", "0000:05:00.0", "0000:81:00.0"};
+  for (int i = 0; i < 3; ++i) {
+    hcas[i].name = names[i];
+    hcas[i].pci_path = fs::canonical(t.root / "bus/pci/devices" / bdfs[i]).string();
+    hcas[i].numa_node = i < 2 ? 0 : 1;
+  }
+  // The driver names bus ids in upper case; sysfs in lower.
+  const std::vector<gpu_info> gpus = {locate_gpu(0, "0000:02:00.0", t.root.string()),
+                                      locate_gpu(1, "0000:06:00.0", t.root.string()),
+                                      locate_gpu(2, "0000:82:00.0", t.root.string()),
+                                      locate_gpu(3, "0000:AA:00.0", t.root.string())};
+  CHECK(gpus[1].numa_node == 0);
+  CHECK(gpus[2].numa_node == 1);
+  CHECK(gpus[3].pci_path.empty());  // not in sysfs: no distance, every NIC preferred
+  auto m = priority_matrix::from_hcas(hcas, {0, 1}, gpus);
+  CHECK(m.to_json() ==
+        R"({"cpu:0":[["mlx5_0","mlx5_1"],["mlx5_2"]],"cpu:1":[["mlx5_2"],["mlx5_0","mlx5_1"]],)"
+        R"("cuda:0":[["mlx5_0"],["mlx5_1","mlx5_2"]],"cuda:1":[["mlx5_1"],["mlx5_0","mlx5_2"]],)"
+        R"("cuda:2":[["mlx5_2"],["mlx5_0","mlx5_1"]],"cuda:3":[["mlx5_0","mlx5_1","mlx5_2"],[]]})");
 }

@@ -15,12 +15,14 @@
 
 #include <tide/errc.hpp>
 #include <tide/result.hpp>
+#include <tide/topology/gpu.hpp>
 #include <tide/topology/location.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tide::memory {
 
@@ -61,6 +63,13 @@ struct cuda_status {
 };
 [[nodiscard]] const cuda_status& cuda() noexcept;
 
+/// The PCI bus id of each CUDA device, by ordinal ("0000:3b:00.0"); empty
+/// without a usable driver.  What topology::locate_gpu places on the PCI tree.
+[[nodiscard]] std::vector<std::string> cuda_pci_bus_ids();
+/// Each CUDA device placed on the PCI tree under `sysfs_root`: what the
+/// priority matrix's "cuda:N" keys are built from.  Empty without a driver.
+[[nodiscard]] std::vector<topology::gpu_info> locate_cuda_gpus(std::string_view sysfs_root = "/sys");
+
 /// Moves bytes between one kind's memory and host memory.  The transports
 /// call it from their I/O threads, one chunk at a time; each call returns
 /// when the bytes are in place (so "final means final": no copy of a task
@@ -89,6 +98,19 @@ class copy_engine {
 /// (what the staging switch uses), the CUDA device's for device memory.
 /// Errors: memory_unsupported (a CUDA range with no usable driver).
 [[nodiscard]] result<const copy_engine*> copy_engine_for(const range_info& info);
+
+/// Copies host bytes to `dst` / `dst` bytes to host memory, whatever kind
+/// of memory `dst` / `src` is (classify(), then its copy engine): what
+/// Mooncake's writeBytesToBuffer / readBytesFromBuffer do on GPU buffers.
+/// Errors: as classify() and copy_engine_for(); copy_failed.
+[[nodiscard]] status copy_from_host(std::uint64_t dst, const void* src, std::size_t n);
+[[nodiscard]] status copy_to_host(void* dst, std::uint64_t src, std::size_t n);
+
+/// Waits for the work queued so far on CUDA stream `stream` (a CUstream;
+/// 0: the legacy default stream of the calling thread's current context,
+/// or of device 0's primary context when none is current).  Errors:
+/// memory_unsupported (no driver), copy_failed (the driver's error).
+[[nodiscard]] status synchronize_cuda_stream(std::uintptr_t stream);
 
 /// Where a buffer being registered lives, as the engine records it.
 struct placement {

@@ -20,6 +20,7 @@
 namespace tide::topology {
 
 struct hca_info;
+struct gpu_info;
 
 /// The NICs of one location, as device ids of the matrix.
 struct matrix_entry {
@@ -55,8 +56,13 @@ class priority_matrix {
   /// Builds the matrix of this host: for each NUMA node N a key "cpu:N"
   /// whose preferred NICs are those on node N (and those whose node is
   /// unknown), the others available.  `hcas` keeps only the NICs to use.
+  /// For each GPU a key "cuda:N" whose preferred NICs are those at the
+  /// smallest PCI distance from it, among the NICs on its NUMA node when
+  /// there are any (Mooncake's rule), the others available; every NIC is
+  /// preferred where no distance is known (rxe has no PCI function).
   [[nodiscard]] static priority_matrix from_hcas(const std::vector<hca_info>& hcas,
-                                                 const std::vector<int>& numa_nodes);
+                                                 const std::vector<int>& numa_nodes,
+                                                 const std::vector<gpu_info>& gpus = {});
 
   /// Builds a matrix from explicit lists (tests, custom topologies).
   [[nodiscard]] static priority_matrix from_lists(

@@ -45,7 +45,8 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
         return fail(errc::device_not_found, "device " + want + " is not an RDMA device of this host");
     if (use.empty() && !cfg.allow_no_devices) return fail(errc::no_device, "no RDMA device on this host");
     if (!use.empty())
-      t->matrix_ = topology::priority_matrix::from_hcas(use, topology::scan_numa_nodes(cfg.context.sysfs_root));
+      t->matrix_ = topology::priority_matrix::from_hcas(use, topology::scan_numa_nodes(cfg.context.sysfs_root),
+                                                        memory::locate_cuda_gpus(cfg.context.sysfs_root));
   }
   if (t->matrix_.devices().size() > kMaxContexts)
     return fail(errc::config_invalid, "at most " + std::to_string(kMaxContexts) + " devices");
