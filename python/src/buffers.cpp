@@ -4,6 +4,9 @@
 #include "buffers.hpp"
 
 #include "engine_iface.hpp"
+#include "errors.hpp"
+
+#include <tide/memory/memory_kind.hpp>
 
 #include <cstring>
 #include <string>
@@ -56,11 +59,17 @@ void copy_into(std::uintptr_t addr, const pyb::object& data, std::size_t length)
   if (static_cast<std::size_t>(e.view().len) < length)
     throw pyb::value_error("copy_in: " + std::to_string(length) + " bytes asked, the data has " +
                            std::to_string(e.view().len));
-  std::memcpy(as_pointer(addr), e.view().buf, length);
+  // GPU memory takes the driver's copy (a memcpy there would fault).
+  unwrap(memory::copy_from_host(addr, e.view().buf, length));
 }
 
 pyb::bytes copy_from(std::uintptr_t addr, std::size_t length) {
-  return {static_cast<const char*>(as_pointer(addr)), length};
+  // Host memory (always, without a CUDA driver) is read where it is.
+  if (auto info = memory::classify(as_pointer(addr), length); info && info->kind == memory::kind::host)
+    return {static_cast<const char*>(as_pointer(addr)), length};
+  std::string out(length, '\0');
+  unwrap(memory::copy_to_host(out.data(), addr, length));
+  return pyb::bytes(out);
 }
 
 void init_buffers(pyb::module_& m) {

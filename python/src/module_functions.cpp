@@ -3,6 +3,7 @@
 #include "engine_iface.hpp"
 #include "errors.hpp"
 
+#include <tide/memory/memory_kind.hpp>
 #include <tide/topology/hca.hpp>
 #include <tide/topology/priority_matrix.hpp>
 
@@ -32,7 +33,9 @@ std::string local_topology(const std::vector<std::string>& devices, const std::s
       if (devices.empty() || std::find(devices.begin(), devices.end(), h.name) != devices.end())
         hcas.push_back(std::move(h));
   }
-  return topology::priority_matrix::from_hcas(hcas, topology::scan_numa_nodes(sysfs_root)).to_json();
+  return topology::priority_matrix::from_hcas(hcas, topology::scan_numa_nodes(sysfs_root),
+                                              memory::locate_cuda_gpus(sysfs_root))
+      .to_json();
 }
 
 }  // namespace
@@ -54,6 +57,25 @@ void init_module_functions(pyb::module_& m) {
         return out;
       },
       "The policy sets this module is built with: (name, 'eviction / shard hash / idle / path', backends).");
+  m.def(
+      "cuda_status",
+      [] {
+        const auto& s = memory::cuda();
+        return pyb::make_tuple(s.usable, s.devices, s.why_not);
+      },
+      "(usable, devices, why not): whether GPU memory can be registered here (the CUDA driver, loaded at run "
+      "time).");
+  m.def(
+      "cuda_synchronize",
+      [](std::uintptr_t stream) {
+        status r;
+        {
+          pyb::gil_scoped_release nogil;
+          r = memory::synchronize_cuda_stream(stream);
+        }
+        unwrap(std::move(r));
+      },
+      pyb::arg("stream"), "Waits, without the GIL, for the work queued on a CUDA stream (0: the default stream).");
 }
 
 }  // namespace tide::py

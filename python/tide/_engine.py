@@ -40,6 +40,38 @@ class State(enum.IntEnum):
         return self >= State.COMPLETED
 
 
+def _require_cuda(what: str) -> None:
+    usable, _, why = _tide.cuda_status()
+    if not usable:
+        raise class_for(code_of("memory_unsupported"))(code_of("memory_unsupported"),
+                                                       f"{what} is GPU memory, and {why}")
+
+
+def _cuda_array(obj: Any):
+    """(address, nbytes, readonly) of a C-contiguous __cuda_array_interface__ array."""
+    cai = obj.__cuda_array_interface__
+    try:
+        address, ro = cai["data"]
+        shape = tuple(int(n) for n in cai["shape"])
+        itemsize = int(str(cai["typestr"])[2:])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"__cuda_array_interface__ is malformed ({e!r}): {cai!r}") from None
+    nbytes = itemsize
+    for n in shape:
+        nbytes *= n
+    strides = cai.get("strides")
+    if strides is not None:
+        want, step = [], itemsize
+        for n in reversed(shape):
+            want.append(step)
+            step *= n
+        if any(n > 1 and s != w for n, s, w in zip(shape, tuple(strides), reversed(want))):
+            raise ValueError(f"the array is not C-contiguous (shape {shape}, strides {tuple(strides)}): "
+                             "pass a contiguous copy")
+    _require_cuda("a __cuda_array_interface__ array")
+    return int(address), nbytes, bool(ro)
+
+
 class Access(enum.IntEnum):
     """What remote peers may do with a registered buffer."""
 
@@ -454,20 +486,30 @@ class Engine:
     def register(self, obj: Any, location: str = "*", *, readonly: bool = False,
                  access: Optional[Access] = None) -> Registration:
         """Registers anything with the buffer protocol (bytearray, memoryview,
-        mmap, numpy arrays, array.array) or a torch CPU tensor, C-contiguous,
-        without copying.  `readonly` publishes it REMOTE_READ and refuses it as
-        a READ's destination.  Raises TypeError (no buffer), BufferError (a
-        read-only buffer without readonly=True), ValueError (layout, device,
-        zero length, overlap), EngineClosed (also when close() ran meanwhile)."""
+        mmap, numpy arrays, array.array), a torch CPU or CUDA tensor, or a GPU
+        array with ``__cuda_array_interface__`` (CuPy, Numba), C-contiguous,
+        without copying, and keeps it alive while registered.  GPU memory is
+        published as ``cuda:N`` (location "*").  `readonly` publishes it
+        REMOTE_READ and refuses it as a READ's destination.  Raises TypeError
+        (no buffer), BufferError (a read-only buffer without readonly=True),
+        ValueError (layout, device, zero length, overlap), LocalError
+        memory_unsupported (GPU memory where no CUDA driver loads),
+        EngineClosed (also when close() ran meanwhile)."""
         view = None
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
-            if obj.device.type != "cpu":
-                raise ValueError(f"tide registers CPU tensors only (no GPU support yet), got device {obj.device}")
+            if obj.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"tide registers CPU and CUDA tensors, got device {obj.device}")
             if not obj.is_contiguous():
                 raise ValueError("the tensor is not contiguous: register tensor.contiguous()")
+            if obj.device.type == "cuda":
+                _require_cuda("a CUDA tensor")
             address, nbytes, ro = obj.data_ptr(), obj.numel() * obj.element_size(), False
             obj = (obj, obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage())
+        elif hasattr(obj, "__cuda_array_interface__"):
+            address, nbytes, ro = _cuda_array(obj)
+            if ro and not readonly:
+                raise BufferError("the array is read-only: pass readonly=True to publish it for remote READs only")
         else:
             view = memoryview(obj)  # TypeError without the buffer protocol
             try:

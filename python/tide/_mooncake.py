@@ -512,14 +512,42 @@ class TransferEngine:
         """0, as get_engine()."""
         return 0
 
-    def _no_gpu(self, *args, **kwargs):
-        raise NotImplementedError("tide has no GPU (CUDA) support yet: register host memory and use the "
-                                  "transfer_sync_* / batch_transfer_* methods")
+    # ---- stream-ordered transfers (Mooncake's CUDA builds) ----
+    # Mooncake enqueues a host callback that runs the transfer on the
+    # driver's thread and _exit(1)s the process when it fails.  tide waits
+    # for the stream's queued work, runs the transfer, and returns when its
+    # bytes are in place: later work on the stream sees them, and a failure
+    # is a RuntimeError in the caller instead of the end of the process.
+    def _on_cuda(self, method: str, stream_ptr: int, run) -> None:
+        usable, _, why = _tide.cuda_status()
+        if not usable:
+            raise NotImplementedError(f"{method} needs a CUDA GPU: {why}")
+        _tide.cuda_synchronize(int(stream_ptr))
+        rc = run()
+        if rc != 0:
+            raise RuntimeError(f"{method} failed ({rc}); the log says why")
 
-    transfer_write_on_cuda = _no_gpu
-    transfer_read_on_cuda = _no_gpu
-    batch_transfer_write_on_cuda = _no_gpu
-    batch_transfer_read_on_cuda = _no_gpu
+    def transfer_write_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                               stream_ptr: int = 0, transport_hint: str = "") -> None:
+        self._on_cuda("transfer_write_on_cuda", stream_ptr, lambda: self.batch_transfer_sync_write(
+            target_hostname, [buffer], [peer_buffer_address], [length]))
+
+    def transfer_read_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                              stream_ptr: int = 0, transport_hint: str = "") -> None:
+        self._on_cuda("transfer_read_on_cuda", stream_ptr, lambda: self.batch_transfer_sync_read(
+            target_hostname, [buffer], [peer_buffer_address], [length]))
+
+    def batch_transfer_write_on_cuda(self, target_hostname: str, buffers: Sequence[int],
+                                     peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                     stream_ptr: int = 0, transport_hint: str = "") -> None:
+        self._on_cuda("batch_transfer_write_on_cuda", stream_ptr, lambda: self.batch_transfer_sync_write(
+            target_hostname, buffers, peer_buffer_addresses, lengths))
+
+    def batch_transfer_read_on_cuda(self, target_hostname: str, buffers: Sequence[int],
+                                    peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                    stream_ptr: int = 0, transport_hint: str = "") -> None:
+        self._on_cuda("batch_transfer_read_on_cuda", stream_ptr, lambda: self.batch_transfer_sync_read(
+            target_hostname, buffers, peer_buffer_addresses, lengths))
 
     def close(self) -> None:
         """tide's addition: stops the engine now (Mooncake's stops with the object).
