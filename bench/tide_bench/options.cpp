@@ -204,8 +204,9 @@ result<bench_options> parse_options(int argc, const char* const* argv,
   auto refuse_gpu = [](std::string_view flag) {
     return [flag](std::string_view) -> status {
       return fail(errc::invalid_argument, "--" + std::string(flag) +
-                                              ": tide has no GPU memory support yet; it benchmarks host (DRAM) "
-                                              "memory, as Mooncake does with --use_vram=false");
+                                              ": tide-bench does not allocate GPU memory (tools/gpu-check measures "
+                                              "it); it benchmarks host (DRAM) memory, as Mooncake does with "
+                                              "--use_vram=false");
     };
   };
   const std::map<std::string, setter, std::less<>> value_flags = {
@@ -391,8 +392,8 @@ result<bench_options> parse_options(int argc, const char* const* argv,
   o.help = o.help || help_short || help_full;
   if (o.help || o.list_policies) return o;
   if (use_vram)
-    return fail(errc::invalid_argument, "--use_vram: tide has no GPU memory support yet; it benchmarks host (DRAM) "
-                                        "memory (--use_vram=false)");
+    return fail(errc::invalid_argument, "--use_vram: tide-bench does not allocate GPU memory (tools/gpu-check "
+                                        "measures it); it benchmarks host (DRAM) memory (--use_vram=false)");
   if (o.given.count("init_mem") != 0) return fail(refuse_gpu("init_mem")("").error());
   if (o.mode == bench_mode::initiator && o.segment_id.empty() && !o.print_config)
     return fail(errc::invalid_argument, "--segment_id is required in initiator mode (the target prints it)");
@@ -437,7 +438,7 @@ std::string usage(const std::vector<std::string>& policy_names) {
         "  --report_unit         GB GiB Gb MB MiB Mb KB KiB Kb (default GB)\n"
         "  --report_precision    decimals of the throughput (default 2)\n"
         "  --backend             classic (the default and only one; Mooncake's tent is refused)\n"
-        "  --use_vram, --init_mem, --gpu_id   refused: no GPU memory support yet (--use_vram=false is taken)\n"
+        "  --use_vram, --init_mem, --gpu_id   refused: tide-bench uses host memory (--use_vram=false is taken)\n"
         "tide's own:\n"
         "  --policy              policy set:";
   for (const auto& p : policy_names) os << ' ' << p;
