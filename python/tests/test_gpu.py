@@ -88,3 +88,29 @@ def test_cuda_tensors_move_over_tcp(net):
     assert te.read_bytes_from_buffer(src.data_ptr(), 16) == bytes(src[:16].cpu().tolist())
     assert te.write_bytes_to_buffer(src.data_ptr(), b"0123456789abcdef", 16) == 0
     assert bytes(src[:16].cpu().tolist()) == b"0123456789abcdef"
+
+
+class DLPackOnly:
+    """A real DLPack producer (a numpy array) seen only through DLPack, as JAX arrays are."""
+
+    def __init__(self, array):
+        self._a = array
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+@tcp_only
+def test_dlpack_arrays_register_by_their_tensor(net):
+    np = pytest.importorskip("numpy")
+    if not hasattr(np.ndarray, "__dlpack__"):
+        pytest.skip("numpy without DLPack")
+    a = np.arange(4096, dtype=np.uint32)
+    with tide.Engine(**net.config()) as e:
+        reg = e.register(DLPackOnly(a))
+        assert reg.address == a.ctypes.data and reg.nbytes == a.nbytes
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            e.register(DLPackOnly(np.arange(64, dtype=np.uint32)[::2]))

@@ -8,6 +8,7 @@ take it.
 """
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import sys
@@ -70,6 +71,59 @@ def _cuda_array(obj: Any):
                              "pass a contiguous copy")
     _require_cuda("a __cuda_array_interface__ array")
     return int(address), nbytes, bool(ro)
+
+
+def _has_buffer(obj: Any) -> bool:
+    try:
+        memoryview(obj).release()
+        return True
+    except TypeError:
+        return False
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+
+
+def _dlpack_array(obj: Any):
+    """(address, nbytes, readonly) of a C-contiguous DLPack array (JAX and others
+    without the buffer protocol or __cuda_array_interface__).  The capsule is
+    only read: the caller keeps `obj`, which owns the memory."""
+    device_type, _ = obj.__dlpack_device__()
+    if device_type not in (_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED):
+        raise ValueError(f"tide registers CPU and CUDA memory, got a DLPack device of type {device_type}")
+    if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        _require_cuda("a DLPack CUDA array")
+    capsule = obj.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    shape = [t.shape[i] for i in range(t.ndim)]
+    itemsize = t.dtype.bits * t.dtype.lanes // 8
+    if t.strides:
+        want = 1
+        for i in reversed(range(t.ndim)):
+            if shape[i] > 1 and t.strides[i] != want:
+                raise ValueError(f"the array is not C-contiguous (shape {tuple(shape)}, strides "
+                                 f"{tuple(t.strides[j] for j in range(t.ndim))} elements): pass a contiguous copy")
+            want *= shape[i]
+    nbytes = itemsize
+    for n in shape:
+        nbytes *= n
+    return (t.data or 0) + t.byte_offset, nbytes, False
 
 
 class Access(enum.IntEnum):
@@ -487,7 +541,7 @@ class Engine:
                  access: Optional[Access] = None) -> Registration:
         """Registers anything with the buffer protocol (bytearray, memoryview,
         mmap, numpy arrays, array.array), a torch CPU or CUDA tensor, or a GPU
-        array with ``__cuda_array_interface__`` (CuPy, Numba), C-contiguous,
+        array with ``__cuda_array_interface__`` (CuPy, Numba) or DLPack (JAX), C-contiguous,
         without copying, and keeps it alive while registered.  GPU memory is
         published as ``cuda:N`` (location "*").  `readonly` publishes it
         REMOTE_READ and refuses it as a READ's destination.  Raises TypeError
@@ -510,6 +564,8 @@ class Engine:
             address, nbytes, ro = _cuda_array(obj)
             if ro and not readonly:
                 raise BufferError("the array is read-only: pass readonly=True to publish it for remote READs only")
+        elif hasattr(obj, "__dlpack__") and not _has_buffer(obj):
+            address, nbytes, ro = _dlpack_array(obj)
         else:
             view = memoryview(obj)  # TypeError without the buffer protocol
             try:
