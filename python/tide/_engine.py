@@ -8,16 +8,15 @@ take it.
 """
 from __future__ import annotations
 
-import ctypes
 import enum
 import json
-import sys
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _tide
+from ._memory import exported_memory
 from .errors import EngineClosed, InvalidArgument, TideError, class_for, code_of
 
 
@@ -39,91 +38,6 @@ class State(enum.IntEnum):
     @property
     def final(self) -> bool:
         return self >= State.COMPLETED
-
-
-def _require_cuda(what: str) -> None:
-    usable, _, why = _tide.cuda_status()
-    if not usable:
-        raise class_for(code_of("memory_unsupported"))(code_of("memory_unsupported"),
-                                                       f"{what} is GPU memory, and {why}")
-
-
-def _cuda_array(obj: Any):
-    """(address, nbytes, readonly) of a C-contiguous __cuda_array_interface__ array."""
-    cai = obj.__cuda_array_interface__
-    try:
-        address, ro = cai["data"]
-        shape = tuple(int(n) for n in cai["shape"])
-        itemsize = int(str(cai["typestr"])[2:])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"__cuda_array_interface__ is malformed ({e!r}): {cai!r}") from None
-    nbytes = itemsize
-    for n in shape:
-        nbytes *= n
-    strides = cai.get("strides")
-    if strides is not None:
-        want, step = [], itemsize
-        for n in reversed(shape):
-            want.append(step)
-            step *= n
-        if any(n > 1 and s != w for n, s, w in zip(shape, tuple(strides), reversed(want))):
-            raise ValueError(f"the array is not C-contiguous (shape {shape}, strides {tuple(strides)}): "
-                             "pass a contiguous copy")
-    _require_cuda("a __cuda_array_interface__ array")
-    return int(address), nbytes, bool(ro)
-
-
-def _has_buffer(obj: Any) -> bool:
-    try:
-        memoryview(obj).release()
-        return True
-    except TypeError:
-        return False
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
-
-
-def _dlpack_array(obj: Any):
-    """(address, nbytes, readonly) of a C-contiguous DLPack array (JAX and others
-    without the buffer protocol or __cuda_array_interface__).  The capsule is
-    only read: the caller keeps `obj`, which owns the memory."""
-    device_type, _ = obj.__dlpack_device__()
-    if device_type not in (_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED):
-        raise ValueError(f"tide registers CPU and CUDA memory, got a DLPack device of type {device_type}")
-    if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
-        _require_cuda("a DLPack CUDA array")
-    capsule = obj.__dlpack__()
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    t = _DLTensor.from_address(get(capsule, b"dltensor"))
-    shape = [t.shape[i] for i in range(t.ndim)]
-    itemsize = t.dtype.bits * t.dtype.lanes // 8
-    if t.strides:
-        want = 1
-        for i in reversed(range(t.ndim)):
-            if shape[i] > 1 and t.strides[i] != want:
-                raise ValueError(f"the array is not C-contiguous (shape {tuple(shape)}, strides "
-                                 f"{tuple(t.strides[j] for j in range(t.ndim))} elements): pass a contiguous copy")
-            want *= shape[i]
-    nbytes = itemsize
-    for n in shape:
-        nbytes *= n
-    return (t.data or 0) + t.byte_offset, nbytes, False
 
 
 class Access(enum.IntEnum):
@@ -549,33 +463,7 @@ class Engine:
         ValueError (layout, device, zero length, overlap), LocalError
         memory_unsupported (GPU memory where no CUDA driver loads),
         EngineClosed (also when close() ran meanwhile)."""
-        view = None
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor):
-            if obj.device.type not in ("cpu", "cuda"):
-                raise ValueError(f"tide registers CPU and CUDA tensors, got device {obj.device}")
-            if not obj.is_contiguous():
-                raise ValueError("the tensor is not contiguous: register tensor.contiguous()")
-            if obj.device.type == "cuda":
-                _require_cuda("a CUDA tensor")
-            address, nbytes, ro = obj.data_ptr(), obj.numel() * obj.element_size(), False
-            obj = (obj, obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage())
-        elif hasattr(obj, "__cuda_array_interface__"):
-            address, nbytes, ro = _cuda_array(obj)
-            if ro and not readonly:
-                raise BufferError("the array is read-only: pass readonly=True to publish it for remote READs only")
-        elif hasattr(obj, "__dlpack__") and not _has_buffer(obj):
-            address, nbytes, ro = _dlpack_array(obj)
-        else:
-            view = memoryview(obj)  # TypeError without the buffer protocol
-            try:
-                address, nbytes, ro = _tide.buffer_address(view)
-            except BaseException:
-                view.release()
-                raise
-            if ro and not readonly:
-                view.release()
-                raise BufferError("the buffer is read-only: pass readonly=True to publish it for remote READs only")
+        obj, address, nbytes, ro, view = exported_memory(obj, readonly)
         if access is None:
             access = Access.REMOTE_READ if readonly else Access.REMOTE_READ_WRITE
         try:
