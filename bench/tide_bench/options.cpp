@@ -190,7 +190,6 @@ result<bench_options> parse_options(int argc, const char* const* argv,
   std::vector<std::string> args;
   if (auto r = expand_flagfiles(raw, argv0, 0, args); !r) return fail(r.error());
 
-  bool use_vram = false;
   using setter = std::function<status(std::string_view)>;
   auto size_flag = [](std::string_view name, std::uint64_t& dst) {
     return [name, &dst](std::string_view v) -> status {
@@ -199,14 +198,6 @@ result<bench_options> parse_options(int argc, const char* const* argv,
       if (*s == 0) return fail(errc::invalid_argument, "--" + std::string(name) + " must be > 0");
       dst = *s;
       return {};
-    };
-  };
-  auto refuse_gpu = [](std::string_view flag) {
-    return [flag](std::string_view) -> status {
-      return fail(errc::invalid_argument, "--" + std::string(flag) +
-                                              ": tide-bench does not allocate GPU memory (tools/gpu-check measures "
-                                              "it); it benchmarks host (DRAM) memory, as Mooncake does with "
-                                              "--use_vram=false");
     };
   };
   const std::map<std::string, setter, std::less<>> value_flags = {
@@ -292,7 +283,14 @@ result<bench_options> parse_options(int argc, const char* const* argv,
                        "--backend=tent: tide has no TENT backend; it is Mooncake's classic engine (--backend=classic)");
          return fail(errc::invalid_argument, "--backend: '" + std::string(v) + "' is not classic (or Mooncake's tent)");
        }},
-      {"gpu_id", refuse_gpu("gpu_id")},
+      {"gpu_id", [&](std::string_view v) -> status {
+         int n = -1;
+         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+         if (ec != std::errc{} || end != v.data() + v.size() || n < 0 || n > 1023)
+           return fail(errc::invalid_argument, "--gpu_id: '" + std::string(v) + "' is not a CUDA device number");
+         o.gpu_id = n;
+         return {};
+       }},
       {"policy", [&](std::string_view v) -> status {
          if (std::find(policy_names.begin(), policy_names.end(), v) == policy_names.end())
            return fail(errc::invalid_argument, "--policy: no policy set named '" + std::string(v) + "'");
@@ -308,12 +306,12 @@ result<bench_options> parse_options(int argc, const char* const* argv,
          return {};
        }},
   };
-  bool help_short = false, help_full = false, init_mem = false;
+  bool help_short = false, help_full = false;
   const std::map<std::string, bool*, std::less<>> bool_flags = {
       {"progress", &o.progress},       {"help", &o.help},
       {"helpshort", &help_short},      {"helpfull", &help_full},
-      {"auto_discovery", &o.auto_discovery}, {"use_vram", &use_vram},
-      {"init_mem", &init_mem},         {"list_policies", &o.list_policies},
+      {"auto_discovery", &o.auto_discovery}, {"use_vram", &o.use_vram},
+      {"init_mem", &o.init_mem},         {"list_policies", &o.list_policies},
       {"print_config", &o.print_config}};
 
   // gflags reads --undefok wherever it stands.
@@ -391,10 +389,6 @@ result<bench_options> parse_options(int argc, const char* const* argv,
 
   o.help = o.help || help_short || help_full;
   if (o.help || o.list_policies) return o;
-  if (use_vram)
-    return fail(errc::invalid_argument, "--use_vram: tide-bench does not allocate GPU memory (tools/gpu-check "
-                                        "measures it); it benchmarks host (DRAM) memory (--use_vram=false)");
-  if (o.given.count("init_mem") != 0) return fail(refuse_gpu("init_mem")("").error());
   if (o.mode == bench_mode::initiator && o.segment_id.empty() && !o.print_config)
     return fail(errc::invalid_argument, "--segment_id is required in initiator mode (the target prints it)");
   if (o.auto_discovery) {
@@ -438,7 +432,9 @@ std::string usage(const std::vector<std::string>& policy_names) {
         "  --report_unit         GB GiB Gb MB MiB Mb KB KiB Kb (default GB)\n"
         "  --report_precision    decimals of the throughput (default 2)\n"
         "  --backend             classic (the default and only one; Mooncake's tent is refused)\n"
-        "  --use_vram, --init_mem, --gpu_id   refused: tide-bench uses host memory (--use_vram=false is taken)\n"
+        "  --use_vram            GPU memory (cuMemAlloc on --gpu_id, default 0) instead of host memory (default "
+        "false)\n"
+        "  --init_mem            fill the buffer before use (default true)\n"
         "tide's own:\n"
         "  --policy              policy set:";
   for (const auto& p : policy_names) os << ' ' << p;

@@ -13,9 +13,9 @@
 /// Mooncake's metadata forms: P2PHANDSHAKE, etcd://h:p[,h:p], a bare
 /// h:p[,h:p] (etcd, as Mooncake reads it), etcds://... (etcd over TLS),
 /// http://h:p/path.  Mooncake's --buffer_size below block x batch x threads
-/// is raised to that, with a warning, as Mooncake does.  GPU memory
-/// (--use_vram, --init_mem, --gpu_id) and the TENT backend are refused
-/// with the reason: tide has neither yet.
+/// is raised to that, with a warning, as Mooncake does.  --use_vram takes
+/// GPU memory (on a host without a CUDA driver the run fails, saying why);
+/// the TENT backend is refused with the reason.
 ///
 /// Parsing never exits or throws: a bad flag comes back as
 /// errc::invalid_argument with a one-line reason naming it.
@@ -50,6 +50,11 @@ struct bench_options {
   std::string segment_id;                 ///< the target's segment name (initiator only)
   std::vector<std::string> device_names;  ///< --device_name a,b (default: every device)
   std::string nic_priority_matrix;        ///< a file holding the NIC priority matrix (JSON)
+  /// GPU memory (cuMemAlloc on --gpu_id) instead of host memory, as
+  /// Mooncake's --use_vram; --init_mem fills it first (Mooncake's default).
+  bool use_vram = false;
+  int gpu_id = 0;
+  bool init_mem = true;
   /// Every device the engine finds, RDMA and TCP (--device_name and
   /// --protocol are then not used, as in Mooncake).
   bool auto_discovery = false;

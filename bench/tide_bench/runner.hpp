@@ -8,6 +8,7 @@
 #include "report.hpp"
 
 #include <tide/engine.hpp>
+#include <tide/memory/memory_kind.hpp>
 
 #include <sys/mman.h>
 
@@ -24,24 +25,47 @@
 
 namespace tide::bench {
 
-/// Page-aligned anonymous memory, released on scope exit.
+/// The benchmark's memory, released on scope exit: page-aligned anonymous
+/// host memory, or GPU memory with --use_vram.  Filled unless --init_mem=false.
 class bench_buffer {
  public:
-  explicit bench_buffer(std::size_t len) : len_(len) {
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    data_ = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  /// Null data() on failure, with `error` saying why.
+  explicit bench_buffer(const bench_options& o) : len_(o.buffer_size) {
+    if (o.use_vram) {
+      auto d = memory::device_allocation::allocate(o.gpu_id, len_);
+      if (!d) {
+        error = "--use_vram: " + d.error().detail;
+        return;
+      }
+      gpu_ = std::move(*d);
+      data_ = static_cast<std::byte*>(gpu_.data());
+      if (o.init_mem)
+        if (auto r = memory::fill_device(data_, 0x5a, len_); !r) error = "--init_mem: " + r.error().detail;
+      if (!error.empty()) data_ = nullptr;
+      return;
+    }
+    void* p = ::mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) {
+      error = "cannot allocate " + std::to_string(len_) + " bytes";
+      return;
+    }
+    data_ = static_cast<std::byte*>(p);
+    if (o.init_mem)
+      for (std::size_t i = 0; i < len_; i += 4096) data_[i] = static_cast<std::byte>(i >> 12);
   }
   bench_buffer(const bench_buffer&) = delete;
   bench_buffer& operator=(const bench_buffer&) = delete;
   ~bench_buffer() {
-    if (data_ != nullptr) ::munmap(data_, len_);
+    if (data_ != nullptr && !gpu_.data()) ::munmap(data_, len_);
   }
   [[nodiscard]] std::byte* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return len_; }
+  std::string error;
 
  private:
   std::byte* data_ = nullptr;
   std::size_t len_ = 0;
+  memory::device_allocation gpu_;
 };
 
 /// The engine configuration the flags ask for.  A flag given on the command
@@ -85,12 +109,11 @@ int run_target(const bench_options& o) {
     std::cerr << "tide-bench: engine: " << engine.error().message() << "\n";
     return 1;
   }
-  bench_buffer buf(o.buffer_size);
+  bench_buffer buf(o);
   if (buf.data() == nullptr) {
-    std::cerr << "tide-bench: cannot allocate " << o.buffer_size << " bytes\n";
+    std::cerr << "tide-bench: " << buf.error << "\n";
     return 1;
   }
-  for (std::size_t i = 0; i < buf.size(); i += 4096) buf.data()[i] = static_cast<std::byte>(i >> 12);
   if (auto r = (*engine)->register_memory(buf.data(), buf.size(), "*"); !r) {
     std::cerr << "tide-bench: register_memory: " << r.error().message() << "\n";
     return 1;
@@ -115,9 +138,9 @@ int run_initiator(const bench_options& o) {
   }
   auto& engine = **engine_r;
   if (o.metrics_port != 0) std::cerr << "tide-bench: metrics: http://127.0.0.1:" << engine.metrics_port() << "/metrics\n";
-  bench_buffer buf(o.buffer_size);
+  bench_buffer buf(o);
   if (buf.data() == nullptr) {
-    std::cerr << "tide-bench: cannot allocate " << o.buffer_size << " bytes\n";
+    std::cerr << "tide-bench: " << buf.error << "\n";
     return 1;
   }
   if (auto r = engine.register_memory(buf.data(), buf.size(), "*"); !r) {

@@ -297,6 +297,54 @@ status synchronize_cuda_stream(std::uintptr_t stream) {
   return {};
 }
 
+device_allocation::device_allocation(device_allocation&& o) noexcept
+    : ptr_(o.ptr_), size_(o.size_), device_(o.device_) {
+  o.ptr_ = 0;
+}
+
+device_allocation& device_allocation::operator=(device_allocation&& o) noexcept {
+  if (this != &o) {
+    this->~device_allocation();
+    ptr_ = o.ptr_;
+    size_ = o.size_;
+    device_ = o.device_;
+    o.ptr_ = 0;
+  }
+  return *this;
+}
+
+device_allocation::~device_allocation() {
+  if (ptr_ == 0) return;
+  const api& a = api::get();
+  if (a.use_device(device_) == cuda_driver::CUDA_SUCCESS) (void)a.cuMemFree(ptr_);
+  ptr_ = 0;
+}
+
+result<device_allocation> device_allocation::allocate(int device, std::size_t n) {
+  const api& a = api::get();
+  if (!a.usable) return fail(errc::memory_unsupported, "cuda:" + std::to_string(device) + ": " + a.why);
+  if (device < 0 || device >= a.devices)
+    return fail(errc::memory_unsupported, "cuda:" + std::to_string(device) + ": this host has " +
+                                              std::to_string(a.devices) + " CUDA device(s)");
+  if (CUresult r = a.use_device(device); r != cuda_driver::CUDA_SUCCESS)
+    return fail(errc::memory_unsupported, "cuda:" + std::to_string(device) + ": " + a.error_text(r));
+  device_allocation d;
+  if (CUresult r = a.cuMemAlloc(&d.ptr_, n); r != cuda_driver::CUDA_SUCCESS)
+    return fail(errc::out_of_memory, "cuMemAlloc(" + std::to_string(n) + ") on cuda:" + std::to_string(device) +
+                                         ": " + a.error_text(r));
+  d.size_ = n;
+  d.device_ = device;
+  return d;
+}
+
+status fill_device(void* dst, unsigned char value, std::size_t n) {
+  const api& a = api::get();
+  if (!a.usable || a.cuMemsetD8 == nullptr) return fail(errc::memory_unsupported, a.why);
+  if (CUresult r = a.cuMemsetD8(reinterpret_cast<std::uint64_t>(dst), value, n); r != cuda_driver::CUDA_SUCCESS)
+    return fail(errc::copy_failed, "cuMemsetD8: " + a.error_text(r));
+  return {};
+}
+
 dmabuf& dmabuf::operator=(dmabuf&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);

@@ -2,6 +2,8 @@
 #include "report.hpp"
 #include "support/process.hpp"
 
+#include <tide/memory/memory_kind.hpp>
+
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -75,10 +77,8 @@ TEST_CASE("bad flags are rejected with the flag named") {
       {{"--mode=target", "--protocol=efa"}, "--protocol: rdma or tcp, not 'efa'"},
       {{"--mode=target", "--backend=tent"}, "--backend=tent: tide has no TENT backend"},
       {{"--mode=target", "--backend=fast"}, "--backend: 'fast' is not classic"},
-      {{"--mode=target", "--use_vram"}, "--use_vram: tide-bench does not allocate GPU memory"},
-      {{"--mode=target", "--use_vram=true"}, "--use_vram: tide-bench does not allocate GPU memory"},
-      {{"--mode=target", "--init_mem=false"}, "--init_mem: tide-bench does not allocate GPU memory"},
-      {{"--mode=target", "--gpu_id=0"}, "--gpu_id: tide-bench does not allocate GPU memory"},
+      {{"--mode=target", "--gpu_id=-1"}, "--gpu_id: '-1' is not a CUDA device number"},
+      {{"--mode=target", "--gpu_id=x"}, "--gpu_id: 'x' is not a CUDA device number"},
       {{"--mode=target", "--report_precision=x"}, "--report_precision"},
       {{"--mode=target", "--nic_priority_matrix=/nonexistent/matrix.json"}, "--nic_priority_matrix: cannot read"},
       {{"--mode=target", "--metadata_server=https://h:8080/metadata"}, "plain http only"},
@@ -100,6 +100,34 @@ TEST_CASE("bad flags are rejected with the flag named") {
     INFO(o.error().detail);
     CHECK(o.error().detail.find(c.needle) != std::string::npos);
   }
+}
+
+TEST_CASE("Mooncake's GPU flags: --use_vram, --gpu_id, --init_mem") {
+  auto o = parse({"--mode=target", "--use_vram", "--gpu_id=3", "--init_mem=false"});
+  REQUIRE(o);
+  CHECK(o->use_vram);
+  CHECK(o->gpu_id == 3);
+  CHECK_FALSE(o->init_mem);
+  auto d = parse({"--mode=target"});
+  REQUIRE(d);
+  CHECK_FALSE(d->use_vram);  // host memory unless asked, as Mooncake's non-CUDA build
+  CHECK(d->init_mem);
+}
+
+TEST_CASE("tide-bench --use_vram where no CUDA driver loads fails at once, saying why") {
+  if (tide::memory::cuda().usable) return;  // tools/gpu-check runs it on a GPU
+  const char* bench = std::getenv("TIDE_TEST_BENCH");
+  REQUIRE_MESSAGE(bench != nullptr, "meson sets TIDE_TEST_BENCH");
+  tide::test::temp_dir dir;
+  const std::string log = (dir.path() / "target.log").string();
+  tide::test::child_process target({bench, "--mode=target", "--protocol=tcp", "--use_vram", "--buffer_size=1048576"},
+                                   log);
+  CHECK(target.wait_exit(std::chrono::seconds(60)) == 1);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  INFO(text.str());
+  CHECK(text.str().find("--use_vram: cuda:0: " + tide::memory::cuda().why_not) != std::string::npos);
 }
 
 TEST_CASE("sizes accept binary suffixes and reject overflow") {

@@ -112,6 +112,30 @@ class copy_engine {
 /// memory_unsupported (no driver), copy_failed (the driver's error).
 [[nodiscard]] status synchronize_cuda_stream(std::uintptr_t stream);
 
+/// Device memory a tool allocates itself (tide-bench --use_vram): cuMemAlloc
+/// on a device, freed with the object.  Errors: memory_unsupported (no
+/// driver, no such device), out_of_memory (the driver's error named).
+class device_allocation {
+ public:
+  device_allocation() = default;
+  device_allocation(device_allocation&& o) noexcept;
+  device_allocation& operator=(device_allocation&& o) noexcept;
+  device_allocation(const device_allocation&) = delete;
+  device_allocation& operator=(const device_allocation&) = delete;
+  ~device_allocation();
+  [[nodiscard]] static result<device_allocation> allocate(int device, std::size_t n);
+  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(ptr_); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::uint64_t ptr_ = 0;
+  std::size_t size_ = 0;
+  int device_ = -1;
+};
+
+/// cuMemsetD8 of device memory (tide-bench --init_mem).  Errors: as above.
+[[nodiscard]] status fill_device(void* dst, unsigned char value, std::size_t n);
+
 /// Where a buffer being registered lives, as the engine records it.
 struct placement {
   range_info info;
