@@ -63,6 +63,7 @@ api load() {
   l.resolve(a.cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId");
   l.resolve(a.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
   l.resolve(a.cuCtxSetCurrent, "cuCtxSetCurrent");
+  l.resolve(a.cuCtxGetCurrent, "cuCtxGetCurrent");
   l.resolve(a.cuPointerGetAttribute, "cuPointerGetAttribute");
   l.resolve(a.cuMemGetAddressRange, "cuMemGetAddressRange");
   l.resolve(a.cuMemGetHandleForAddressRange, "cuMemGetHandleForAddressRange");
@@ -138,6 +139,12 @@ CUresult api::use_device(int ordinal) const noexcept {
     }
   }
   return cuCtxSetCurrent(ctx);
+}
+
+void api::ensure_context() const noexcept {
+  CUcontext current = nullptr;
+  if (cuCtxGetCurrent != nullptr && cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr) return;
+  (void)use_device(0);
 }
 
 const api& api::get() {

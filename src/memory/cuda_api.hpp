@@ -101,6 +101,7 @@ struct api {
   CUresult (*cuDeviceGetPCIBusId)(char*, int, CUdevice) = nullptr;
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr) = nullptr;
   CUresult (*cuMemGetAddressRange)(CUdeviceptr*, std::size_t*, CUdeviceptr) = nullptr;
   CUresult (*cuMemGetHandleForAddressRange)(void*, CUdeviceptr, std::size_t, int, unsigned long long) = nullptr;
@@ -141,6 +142,11 @@ struct api {
   /// copies and exports of its memory need one, and another device's would
   /// be wrong).  Contexts are retained once per device, never released.
   [[nodiscard]] CUresult use_device(int ordinal) const noexcept;
+  /// Makes device 0's primary context current when the thread has none, as
+  /// the runtime does on first use: pointer queries need a context (any one
+  /// resolves a unified address), and without one device memory would read
+  /// as unknown, i.e. host memory.
+  void ensure_context() const noexcept;
 
   /// The process's table: loaded on first use.  Environment:
   /// TIDE_CUDA_LIBRARY names another driver library file (a driver

@@ -169,6 +169,7 @@ result<range_info> classify(const void* addr, std::size_t len) {
   info.alloc_length = len;
   const api& a = api::get();
   if (!a.usable || len == 0) return info;
+  a.ensure_context();
   auto first = piece_at(a, start);
   if (!first) return fail(first.error());
   if (first->type != cuda_driver::CU_MEMORYTYPE_DEVICE && first->type != cuda_driver::CU_MEMORYTYPE_UNIFIED) return info;
