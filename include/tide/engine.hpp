@@ -245,11 +245,12 @@ struct engine_config {
   /// 2: status frames and persistent connections with peers that publish
   /// version 2; 1: Mooncake's first protocol with every peer (MC_TCP_PROTO=1).
   unsigned tcp_proto = 2;
-  /// The staging switch: host memory moves over TCP through the same copy
-  /// engine (a memcpy) and bounce buffers as GPU memory (CUDA copies), so
-  /// the staged path runs, and is tested, on hosts without a GPU.  GPU
-  /// memory is always staged over TCP; RDMA moves it only where a NIC
-  /// registers it (dma-buf or nvidia_peermem).
+  /// The staging switch: host memory takes the path of GPU memory that no
+  /// NIC registers: registered on no NIC, published with "reach": "tcp",
+  /// and moved over TCP through the bounce buffers and a copy engine (a
+  /// memcpy; CUDA copies for GPU memory), so that path runs, and is tested,
+  /// on hosts without a GPU.  GPU memory is always staged over TCP; RDMA
+  /// moves it only where a NIC registers it (dma-buf or nvidia_peermem).
   bool stage_host_memory = false;
 
   /// Keys the program set on purpose, kept over TIDE_CONFIG and the

@@ -212,8 +212,8 @@ status each(F&& f) {
                .lo = 1, .hi = 2, .mc = "MC_TCP_PROTO", .rule = mc_rule::range, .mc_lo = 1, .mc_hi = 2,
                .mc_note = "Mooncake acts on 1 only; 2 is tide's default")
   TIDE_SETTING(stage_host_memory, .key = "stage_host_memory",
-               .meaning = "Stage host memory over TCP through bounce buffers, as GPU memory is (tests the staged path "
-                          "without a GPU)",
+               .meaning = "Host memory takes the path of GPU memory no NIC registers: over TCP only, staged through "
+                          "bounce buffers (tests that path without a GPU)",
                .lo = 0, .hi = 1)
 #undef TIDE_SETTING
   return {};

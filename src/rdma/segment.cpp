@@ -67,6 +67,7 @@ result<std::shared_ptr<remote_segment>> remote_segment::resolve(const segment_de
     rb.length = b.length;
     rb.rkeys = b.rkey;
     rb.access = b.access;
+    rb.tcp_only = b.tcp_only;
     rb.chooser = device_chooser::make(*loc, seg->matrix);
     seg->buffers.push_back(std::move(rb));
     seg->by_addr.push_back(static_cast<std::uint32_t>(i));

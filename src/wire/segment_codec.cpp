@@ -185,6 +185,12 @@ result<buffer_desc> read_buffer(const json& v, const std::string& field, std::st
   TIDE_TRY_ASSIGN(b.name, f.string("name"));
   TIDE_TRY_ASSIGN(b.length, f.unsigned_int("length", UINT64_MAX));
   TIDE_TRY_ASSIGN(b.access, read_access(f, field));
+  if (f.find("reach") != nullptr) {
+    std::string reach;
+    TIDE_TRY_ASSIGN(reach, f.string("reach"));
+    if (reach != "tcp") return malformed(field + ".reach", "expected \"tcp\", got \"" + reach + "\"");
+    b.tcp_only = true;
+  }
   // Before the sealed branch: a sealed buffer keeps its id too (it is what
   // peers address; without it the id would fall back to the index).
   if (f.find("id") != nullptr) {
@@ -366,6 +372,7 @@ result<std::string> encode_segment(const segment_desc& d, const wire::cluster_se
       json e = {{"name", b.name}, {"length", b.length}};
       if (b.id) e["id"] = *b.id;  // not secret: peers address buffers by it
       if (b.access != buffer_access::remote_read_write) e["access"] = std::string(to_string(b.access));
+      if (b.tcp_only) e["reach"] = "tcp";
       if (seal != nullptr) {
         auto sealed = wire::seal_buffer(*seal, d.name, i, b);
         if (!sealed) return tl::unexpected(std::move(sealed.error()));

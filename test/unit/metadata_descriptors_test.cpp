@@ -97,6 +97,27 @@ TEST_CASE("segment descriptors round-trip, rdma_server_name and all") {
   CHECK(*e == empty);
 }
 
+TEST_CASE("tide's reach extension: a buffer no NIC registers says \"reach\":\"tcp\"; others, and Mooncake's, say nothing") {
+  segment_desc d = two_device_segment();
+  d.buffers[1].tcp_only = true;
+  d.buffers[1].rkey = {0, 0};
+  const std::string text = encode_segment(d);
+  CHECK(text.find(R"("reach":"tcp")") != std::string::npos);
+  CHECK(text.find(R"("reach")") == text.rfind(R"("reach")"));  // the one buffer only
+  auto back = decode_segment(text);
+  REQUIRE_MESSAGE(back.has_value(), back.error());
+  CHECK(*back == d);
+  CHECK_FALSE(back->buffers[0].tcp_only);
+  CHECK(back->buffers[1].tcp_only);
+  CHECK(encode_segment(two_device_segment()).find("reach") == std::string::npos);
+  const std::string bad = [&] {
+    std::string t = text;
+    t.replace(t.find(R"("reach":"tcp")"), 13, R"("reach":"nic")");
+    return t;
+  }();
+  check_malformed(decode_segment(bad), "buffers[1].reach");
+}
+
 TEST_CASE("decoding ignores unknown fields and tolerates whitespace") {
   auto d = decode_segment("  \n" + segment_with("\"name\":", "\"future_field\":{\"x\":[1,2]},\"name\":") + "\n\n");
   REQUIRE_MESSAGE(d.has_value(), d.error());

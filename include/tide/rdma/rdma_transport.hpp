@@ -340,6 +340,12 @@ class rdma_transport {
   [[nodiscard]] bool carrier_only(const remote_segment& seg) const noexcept {
     return contexts_.empty() || seg.nic_paths.empty();
   }
+  // The same for one resolved request: also when no NIC registered its
+  // local buffer or the peer's.
+  [[nodiscard]] bool carrier_only(const resolved_request& r) const noexcept {
+    return carrier_only(*r.seg) || !r.local->nic_reachable ||
+           r.seg->buffers[static_cast<std::size_t>(r.peer_buffer)].tcp_only;
+  }
   // Builds seg.rails (or takes the slot's current map when no NIC changed).
   void set_rail_map(const segment_slot& slot, remote_segment& seg, const segment_desc& d);
 

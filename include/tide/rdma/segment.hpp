@@ -64,6 +64,10 @@ struct local_buffer {
   /// or host memory with stage_host_memory), it copies through this; null:
   /// the bytes move straight from and into the buffer.
   const memory::copy_engine* stager = nullptr;
+  /// False: no NIC registered it (GPU memory without GPUDirect, or host
+  /// memory with stage_host_memory): lkeys are 0, it is published with
+  /// rkeys 0 and "reach": "tcp", and every request touching it goes over TCP.
+  bool nic_reachable = true;
   std::vector<std::uint32_t> lkeys;
   /// Slices of submitted transfers from this buffer not yet retired:
   /// submit adds (under the table's shared lock), retire_slice subtracts.
@@ -78,6 +82,7 @@ struct remote_buffer {
   std::uint64_t length = 0;
   std::vector<std::uint32_t> rkeys;  ///< per device, devices[] order
   buffer_access access = buffer_access::remote_read_write;  ///< what the owner grants (its descriptor)
+  bool tcp_only = false;             ///< no NIC of the owner reaches it (its descriptor's "reach")
   device_chooser chooser;            ///< yields matrix ids; map with remote_segment::to_desc
 };
 

@@ -94,6 +94,10 @@ struct buffer_desc {
   /// written only when not the default; Mooncake ignores it, and a buffer
   /// without it (every Mooncake buffer) allows both.
   buffer_access access = buffer_access::remote_read_write;
+  /// tide's extension, JSON "reach": "tcp", written only when set: no NIC of
+  /// the owner registers this buffer (GPU memory without GPUDirect), so its
+  /// keys are 0 and peers reach it over TCP.  Mooncake ignores it.
+  bool tcp_only = false;
   /// tide's stable buffer id (JSON "id"; Mooncake's reader ignores it).
   /// Absent in Mooncake's descriptors: the id is then the buffer's index.
   std::optional<std::uint32_t> id = std::nullopt;  // initialised: brace-inits of the fields above stay warning-free

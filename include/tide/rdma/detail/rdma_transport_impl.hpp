@@ -147,7 +147,11 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
   b->kind = placed->info.kind;
   b->device = placed->info.device;
   b->stager = placed->stager;
-  if (b->kind == memory::kind::host) {
+  if (b->kind == memory::kind::host && cfg_.stage_host_memory && carrier_ != nullptr && !contexts_.empty()) {
+    // The staging switch: as GPU memory no NIC reaches (below).
+    b->lkeys.assign(contexts_.size(), 0);
+    b->nic_reachable = false;
+  } else if (b->kind == memory::kind::host) {
     for (auto& c : contexts_) {
       auto mr = verbs::memory_region::register_memory(c->pd(), addr, len, mr_access(access));
       if (!mr) return fail(mr.error());
@@ -227,10 +231,19 @@ status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::
     refusals += (refusals.empty() ? "" : "; ") + why;
   }
   if (refusals.empty()) return {};
+  if (carrier_ != nullptr) {
+    // TCP stages it: registered on no NIC, published for TCP only.
+    TIDE_LOG_WARN("register_memory: " << b.location_text << " buffer [" << b.addr << ", +" << b.length
+                                      << ") moves over TCP only: " << refusals);
+    b.mrs.clear();
+    b.lkeys.assign(contexts_.size(), 0);
+    b.nic_reachable = false;
+    return {};
+  }
   return fail(errc::memory_unsupported,
               "register_memory: " + b.location_text + " buffer [" + std::to_string(b.addr) + ", +" +
                   std::to_string(b.length) + ") cannot be registered on every NIC: " + refusals +
-                  ". Use transports=tcp (it stages GPU memory through host memory), or devices= the NICs that reach it");
+                  ", and TCP (which stages it) is off: add tcp to transports, or set devices= the NICs that reach it");
 }
 
 template <class P>
@@ -374,6 +387,10 @@ buffer_desc rdma_transport<P>::published_entry(const local_buffer& b) {
   bd.length = b.length;
   bd.lkey = b.lkeys;
   for (const auto& mr : b.mrs) bd.rkey.push_back(mr.rkey());
+  if (!b.nic_reachable) {
+    bd.rkey.assign(b.lkeys.size(), 0);  // one per device, as every reader expects
+    bd.tcp_only = true;
+  }
   return bd;
 }
 
@@ -640,6 +657,13 @@ status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests
                   where() + (r.op == transfer_op::write ? "WRITE into" : "READ from") + " buffer " +
                       std::to_string(res[i].peer_buffer) + " of " + seg.name + ", which allows " +
                       std::string(to_string(a)) + " only");
+    if (carrier_only(res[i]) && !carrier_only(seg) && (carrier_ == nullptr || !carrier_->reaches(seg))) [[unlikely]]
+      return fail(errc::peer_unreachable,
+                  where() + (res[i].local->nic_reachable ? "buffer " + std::to_string(res[i].peer_buffer) + " of " +
+                                                               seg.name + " is reachable over TCP only"
+                                                         : std::string("the local buffer is reachable over TCP only")) +
+                      " (memory no NIC registers), and " +
+                      (carrier_ == nullptr ? std::string("TCP is not installed here") : seg.name + " serves no TCP"));
     if (carrier_only(seg) && (carrier_ == nullptr || !carrier_->reaches(seg))) [[unlikely]]
       return fail(errc::peer_unreachable,
                   where() + "no transport reaches segment " + seg.name +

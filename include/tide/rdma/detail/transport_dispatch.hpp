@@ -104,7 +104,7 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   }
   // A submit that only the carrier can take is sliced for it.
   bool carrier_all = carrier_ != nullptr;
-  for (std::size_t i = 0; i < requests.size() && carrier_all; ++i) carrier_all = carrier_only(*res[i].seg);
+  for (std::size_t i = 0; i < requests.size() && carrier_all; ++i) carrier_all = carrier_only(res[i]);
   if (auto r = plan::plan(carrier_all ? carrier_plan_cfg_ : plan_cfg_, extents, planned); !r) return r;
   // The map of the view each task keeps alive (keep_alive below): slices
   // point at it for retries, and it holds their peer ids in the rail table.
@@ -155,7 +155,7 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
     // Where no rail can go: the carrier, when the peer serves it (checked
     // at resolution for a peer only it reaches).  With every rail paused,
     // the carrier takes all but the one probe WR.
-    const bool only_carrier = carrier_only(seg);
+    const bool only_carrier = carrier_only(res[fr]);
     const bool may_carry = carrier_ != nullptr && (only_carrier || carrier_->reaches(seg));
     bool routed = false, healthy = true;
     if (!only_carrier) {
