@@ -325,6 +325,8 @@ using engine_stats = rdma::plan::transport_stats;
 struct buffer_entry {
   void* addr = nullptr;
   std::size_t length = 0;
+  /// As register_memory's `access`.
+  buffer_access access = buffer_access::remote_read_write;
 };
 
 /// A message for the target of a submit's requests that arrives only after

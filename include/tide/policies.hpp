@@ -57,7 +57,8 @@ struct default_policies {
   /// 200 us after the last work, then sleep until a completion or a submit,
   /// so small requests see a spinning worker and long transfers leave the
   /// CPU free (on Soft-RoCE, 1.1-1.7x hybrid's 1 MiB rate at half its CPU
-  /// per GB; docs/performance.md).
+  /// per GB; docs/performance.md); it spins only while the host has a CPU
+  /// free for it, so a busy host costs a wake-up, not a time slice.
   /// hybrid is Mooncake's (spin 100 ms, then sleep up to 1 s or until
   /// woken; a completion does not wake it); cq_event when every cycle
   /// counts more than a wake-up per small request; busy_poll for dedicated

@@ -186,14 +186,36 @@ void py_engine::unregister_memory(std::uintptr_t addr, int mode) {
   unwrap(call([&](engine_iface& e) { return e.unregister_memory(as_pointer(addr), m); }));
 }
 
-void py_engine::register_memory_batch(const std::vector<std::uintptr_t>& addrs, const std::vector<std::size_t>& lens,
-                                      const std::string& location) {
+std::vector<std::uint32_t> py_engine::register_memory_batch(const std::vector<std::uintptr_t>& addrs,
+                                                             const std::vector<std::size_t>& lens,
+                                                             const std::string& location,
+                                                             const std::vector<int>& access) {
   if (addrs.size() != lens.size())
     throw pyb::value_error("register_memory_batch: " + std::to_string(addrs.size()) + " addresses but " +
                            std::to_string(lens.size()) + " lengths");
+  if (!access.empty() && access.size() != addrs.size())
+    throw pyb::value_error("register_memory_batch: " + std::to_string(addrs.size()) + " addresses but " +
+                           std::to_string(access.size()) + " access values");
   std::vector<buffer_entry> entries(addrs.size());
-  for (std::size_t i = 0; i < addrs.size(); ++i) entries[i] = {as_pointer(addrs[i]), lens[i]};
-  unwrap(call([&](engine_iface& e) { return e.register_memory_batch(entries, location); }));
+  for (std::size_t i = 0; i < addrs.size(); ++i) {
+    entries[i] = {as_pointer(addrs[i]), lens[i]};
+    if (access.empty()) continue;
+    if (access[i] < 0 || access[i] > static_cast<int>(buffer_access::remote_read_write))
+      throw pyb::value_error("register_memory_batch: access[" + std::to_string(i) +
+                             "] must be 0 (local_only) .. 3 (remote_read_write), got " + std::to_string(access[i]));
+    entries[i].access = static_cast<buffer_access>(access[i]);
+  }
+  return unwrap(call([&](engine_iface& e) -> result<std::vector<std::uint32_t>> {
+    if (auto r = e.register_memory_batch(entries, location); !r) return fail(r.error());
+    std::vector<std::uint32_t> ids;
+    ids.reserve(entries.size());
+    for (const auto& b : entries) {
+      auto id = e.buffer_id(b.addr);
+      if (!id) return fail(id.error());  // unregistered meanwhile by another thread
+      ids.push_back(*id);
+    }
+    return ids;
+  }));
 }
 
 void py_engine::unregister_memory_batch(const std::vector<std::uintptr_t>& addrs) {
@@ -488,7 +510,9 @@ void init_engine(pyb::module_& m) {
            "Registers and publishes; returns the buffer id.")
       .def("unregister_memory", &py_engine::unregister_memory, pyb::arg("addr"), pyb::arg("mode") = 0)
       .def("register_memory_batch", &py_engine::register_memory_batch, pyb::arg("addrs"), pyb::arg("lengths"),
-           pyb::arg("location") = "*")
+           pyb::arg("location") = "*", pyb::arg("access") = std::vector<int>{},
+           "Registers them all or none, publishes once; returns their buffer ids.  `access`: one value per "
+           "buffer (empty: remote_read_write).")
       .def("unregister_memory_batch", &py_engine::unregister_memory_batch, pyb::arg("addrs"))
       .def("buffer_id", &py_engine::buffer_id, pyb::arg("addr"))
       .def("allocate_managed", &py_engine::allocate_managed, pyb::arg("length"),

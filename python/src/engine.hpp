@@ -60,8 +60,9 @@ class py_engine {
 
   std::uint32_t register_memory(std::uintptr_t addr, std::size_t len, const std::string& location, int access);
   void unregister_memory(std::uintptr_t addr, int mode);
-  void register_memory_batch(const std::vector<std::uintptr_t>& addrs, const std::vector<std::size_t>& lens,
-                             const std::string& location);
+  std::vector<std::uint32_t> register_memory_batch(const std::vector<std::uintptr_t>& addrs,
+                                                  const std::vector<std::size_t>& lens, const std::string& location,
+                                                  const std::vector<int>& access);
   void unregister_memory_batch(const std::vector<std::uintptr_t>& addrs);
   std::uint32_t buffer_id(std::uintptr_t addr);
   std::uintptr_t allocate_managed(std::size_t length);

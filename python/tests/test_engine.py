@@ -57,6 +57,70 @@ def test_register_anything_with_the_buffer_protocol(engine):
         r.unregister()
 
 
+
+def test_register_batch_registers_all_in_one_call(engine, target):
+    objs = [np.frombuffer(pattern(40 + i, BLOCK), np.uint8).copy() for i in range(3)] + [bytearray(4096)]
+    regs = engine.register_batch(objs)
+    assert [r.obj is o for r, o in zip(regs, objs)] == [True] * 4
+    assert [r.nbytes for r in regs] == [BLOCK, BLOCK, BLOCK, 4096]
+    assert len({r.buffer_id for r in regs}) == 4 and all(r.registered for r in regs)
+    assert all(r.access == tide.Access.REMOTE_READ_WRITE and not r.readonly for r in regs)
+    with pytest.raises(BufferError):
+        objs[3].extend(b"1")  # pinned while registered, as register()'s
+    seg = engine.open(target.hello["segment"])
+    ids = target.hello["ids"]
+    assert engine.transfer([tide.write(regs[i], seg, ids[i]) for i in range(3)]) == 3 * BLOCK
+    assert target.ask(cmd="digest", seeds=[40, 41, 42] + [0] * (NBLOCKS - 3))["found"][:3] == [40, 41, 42]
+    with pytest.raises(tide.InvalidArgument, match="already_registered|overlap"):
+        engine.register(objs[1])  # registered by the batch
+    for r in regs:
+        r.unregister()
+    objs[3].extend(b"1")
+    ro = engine.register_batch([b"x" * 4096, b"y" * 4096], readonly=True)
+    assert all(r.readonly and r.access == tide.Access.REMOTE_READ for r in ro)
+    for r in ro:
+        r.unregister()
+
+
+def test_register_batch_names_the_bad_buffer_and_registers_none(engine):
+    good = [bytearray(4096), bytearray(4096)]
+    cases = [
+        ([], tide.InvalidArgument, "no buffers"),
+        (bytearray(4096), TypeError, "sequence of buffers"),  # one buffer, not a sequence
+        (42, TypeError, ""),  # not iterable
+        (good + [object()], TypeError, "buffer 2: "),
+        (good + [b"read-only"], BufferError, "buffer 2: .*readonly=True"),
+        ([good[0], np.zeros((64, 64))[:, 3]], ValueError, "buffer 1: "),
+        ([good[0], bytearray(0)], tide.InvalidArgument, "buffer 1: zero length"),
+    ]
+    for objs, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            engine.register_batch(objs)
+        # all or nothing: the good buffers are not registered, nor pinned
+        good[0].extend(b"1")
+        del good[0][-1:]
+    part = memoryview(good[0])[16:32]
+    with pytest.raises(tide.InvalidArgument, match="buffer 1: "):
+        engine.register_batch([good[0], part])  # overlaps buffer 0
+    part.release()
+    good[0].extend(b"1")
+    del good[0][-1:]
+    regs = engine.register_batch(good)
+    with pytest.raises(tide.InvalidArgument, match="buffer 1: "):
+        engine.register_batch([bytearray(4096), good[1]])  # already registered
+    for r in regs:
+        r.unregister()
+
+
+def test_register_batch_after_close_raises(net):
+    e = tide.Engine(**net.config())
+    e.close()
+    buf = bytearray(4096)
+    with pytest.raises(tide.EngineClosed):
+        e.register_batch([buf])
+    buf.extend(b"1")  # not left pinned
+
+
 def test_write_read_by_buffer_id_and_bounds(engine, target):
     seg = engine.open(target.hello["segment"])
     ids = target.hello["ids"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _tide
-from ._memory import exported_memory
+from ._memory import exported_memory, is_one_buffer
 from .errors import EngineClosed, InvalidArgument, TideError, class_for, code_of
 
 
@@ -463,26 +463,68 @@ class Engine:
         ValueError (layout, device, zero length, overlap), LocalError
         memory_unsupported (GPU memory where no CUDA driver loads),
         EngineClosed (also when close() ran meanwhile)."""
-        obj, address, nbytes, ro, view = exported_memory(obj, readonly)
-        if access is None:
-            access = Access.REMOTE_READ if readonly else Access.REMOTE_READ_WRITE
+        keep, address, nbytes, ro, view = exported_memory(obj, readonly)
+        access = _access_of(access, readonly)
         try:
             buffer_id = self._live().register_memory(address, nbytes, location, int(access))
         except BaseException:
             if view is not None:
                 view.release()
             raise
-        reg = Registration(self, obj, address, nbytes, ro or readonly, view, access, buffer_id)
+        return self._adopt([Registration(self, keep, address, nbytes, ro or readonly, view, access, buffer_id)])[0]
+
+    def register_batch(self, objs: Iterable[Any], location: str = "*", *, readonly: bool = False,
+                       access: Optional[Access] = None) -> List[Registration]:
+        """Registers several buffers as :meth:`register` does, in one call that
+        publishes this engine's descriptor once (one register() per buffer
+        publishes it once each).  All or nothing: after an error none of them
+        is registered.  `location`, `readonly` and `access` apply to every
+        buffer; returns their Registrations in the order given.  Raises what
+        register() raises, naming the buffer ("buffer 2: ..."), TypeError for
+        one buffer instead of a sequence of them, InvalidArgument (a
+        ValueError) for an empty sequence."""
+        if is_one_buffer(objs):
+            raise TypeError("register_batch takes a sequence of buffers; register() takes one")
+        items = list(objs)  # TypeError when not iterable
+        if not items:
+            raise InvalidArgument(code_of("invalid_argument"), "register_batch: no buffers given")
+        access = _access_of(access, readonly)
+        exports = []
+        try:
+            for i, obj in enumerate(items):
+                try:
+                    exports.append(exported_memory(obj, readonly))
+                except (TypeError, ValueError, BufferError) as e:
+                    if isinstance(e, TideError):
+                        raise class_for(e.code)(e.code, f"buffer {i}: {e.detail}") from e
+                    raise type(e)(f"buffer {i}: {e}") from e
+                if exports[-1][2] == 0:
+                    raise InvalidArgument(code_of("zero_length"), f"buffer {i}: zero length")
+            ids = self._live().register_memory_batch([e[1] for e in exports], [e[2] for e in exports], location,
+                                                     [int(access)] * len(exports))
+        except BaseException:
+            for e in exports:
+                if e[4] is not None:
+                    e[4].release()
+            raise
+        return self._adopt([Registration(self, keep, address, nbytes, ro or readonly, view, access, bid)
+                            for (keep, address, nbytes, ro, view), bid in zip(exports, ids)])
+
+    def _adopt(self, regs: List[Registration]) -> List[Registration]:
+        """Records registrations the engine has just made (raises EngineClosed,
+        letting them go, when close() began meanwhile)."""
         with self._lock:
             late = self._closing
             if not late:
-                self._registrations[address] = reg
+                for reg in regs:
+                    self._registrations[reg.address] = reg
         if late:
-            # close() began while this registered and does not know it: the
-            # engine is destroyed with it (no batch can use it), so let it go.
-            reg._released()
+            # close() began while these registered and does not know them: the
+            # engine is destroyed with them (no batch can use them), so let them go.
+            for reg in regs:
+                reg._released()
             raise EngineClosed(code_of("not_initialized"), "the engine was closed while registering")
-        return reg
+        return regs
 
     def allocate(self, nbytes: int, location: str = "*") -> Registration:
         """Engine-owned registered memory (anonymous pages), as a Registration
@@ -579,6 +621,12 @@ class Engine:
         if self.closed:
             return "<tide.Engine closed>"
         return f"<tide.Engine {self.segment_name!r} buffers={len(self._registrations)} batches={len(self._batches)}>"
+
+
+def _access_of(access: Optional[Access], readonly: bool) -> Access:
+    if access is None:
+        return Access.REMOTE_READ if readonly else Access.REMOTE_READ_WRITE
+    return access
 
 
 def _close_native(native) -> None:

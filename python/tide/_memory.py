@@ -79,6 +79,15 @@ def _cuda_array(obj: Any):
     return int(address), nbytes, bool(ro)
 
 
+def is_one_buffer(obj: Any) -> bool:
+    """Whether register() would take `obj` as one buffer (register_batch
+    refuses it, rather than iterating over its rows)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return True
+    return hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__") or _has_buffer(obj)
+
+
 def _has_buffer(obj: Any) -> bool:
     try:
         memoryview(obj).release()

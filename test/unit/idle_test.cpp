@@ -3,6 +3,7 @@
 // every shipped strategy.  cq_event with a real CQ: test/rxe/cq_event_test.cpp.
 
 #include <tide/policy/busy_poll.hpp>
+#include <tide/policy/detail/cpu_headroom.hpp>
 #include <tide/policy/cq_event.hpp>
 #include <tide/policy/hybrid.hpp>
 #include <tide/policy/idle.hpp>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -161,7 +163,8 @@ pol::hybrid::config window_config<pol::hybrid>(std::chrono::nanoseconds spin) {
 }
 template <>
 pol::spin_event::config window_config<pol::spin_event>(std::chrono::nanoseconds spin) {
-  return {.spin = spin, .max_sleep = 20000ms};
+  // The window itself, whatever the load of the host running the test.
+  return {.spin = spin, .max_sleep = 20000ms, .adapt = false};
 }
 
 TEST_CASE_TEMPLATE("hybrid, spin_event: spin for the window, then sleep; wake() ends the sleep and work restarts the window",
@@ -224,4 +227,75 @@ TEST_CASE_TEMPLATE("idle conformance: every item produced is consumed promptly",
     CHECK(h.pending_.load() == 900);
   }
   h.stop();
+}
+
+// spin_event's adaptation, as a unit: the score fed synthetic samples (the
+// kernel's runnable-thread count against the CPUs), and the /proc/loadavg
+// parser.  The live sampler runs in every spin_event case above.
+TEST_CASE("cpu headroom: spinning stops on a crowded host and comes back on a quiet one") {
+  using hs = pol::detail::headroom_score;
+  constexpr std::uint32_t kCpus = 2;
+  std::uint32_t score = 0;
+  CHECK(hs::spin_pays(score));  // no sample yet: spin, as before
+  // Quiet: the sampler and one other spinner of ours on 2 CPUs.
+  for (int i = 0; i < 100; ++i) score = hs::next(score, 2, kCpus);
+  CHECK(hs::spin_pays(score));
+  // A kernel thread runnable for a moment, one sample in four: still spin.
+  for (int i = 0; i < 100; ++i) score = hs::next(score, i % 4 == 0 ? 3 : 2, kCpus);
+  CHECK(hs::spin_pays(score));
+  // One busy loop per CPU (plus the sampler): spinning stops within three samples ...
+  int crowded = 0;
+  while (hs::spin_pays(score) && crowded < 100) {
+    score = hs::next(score, kCpus + 1, kCpus);
+    ++crowded;
+  }
+  CHECK(crowded <= 3);
+  CHECK_FALSE(hs::spin_pays(score));
+  // ... and stays stopped while the load lasts, whatever our own threads do.
+  for (int i = 0; i < 100; ++i) score = hs::next(score, kCpus + 1 + static_cast<std::uint32_t>(i % 3), kCpus);
+  CHECK_FALSE(hs::spin_pays(score));
+  // A sample without information (unparsable text, unknown CPU count) changes nothing.
+  CHECK(hs::next(score, 0, kCpus) == score);
+  CHECK(hs::next(score, 5, 0) == score);
+  // The load ends: spinning is back within three quiet samples.
+  int quiet = 0;
+  while (!hs::spin_pays(score) && quiet < 100) {
+    score = hs::next(score, 1, kCpus);
+    ++quiet;
+  }
+  CHECK(quiet <= 3);
+  CHECK(hs::spin_pays(score));
+  // Many CPUs: 12 runnable threads on 16 is not crowded, 17 is.
+  CHECK_FALSE(hs::crowded(12, 16));
+  CHECK_FALSE(hs::crowded(16, 16));
+  CHECK(hs::crowded(17, 16));
+}
+
+TEST_CASE("cpu headroom: /proc/loadavg's runnable count") {
+  const auto parse = [](std::string_view s) { return pol::detail::parse_loadavg_running(s.data(), s.size()); };
+  CHECK(parse("0.22 0.95 1.49 3/456 12345\n") == 3);
+  CHECK(parse("12.00 11.50 9.25 17/1024 99") == 17);
+  CHECK(parse("0.00 0.00 0.00 1/80 7") == 1);
+  CHECK(parse("") == 0);
+  CHECK(parse("0.22 0.95 1.49") == 0);           // no fourth field
+  CHECK(parse("0.22 0.95 1.49 3") == 0);         // no "/total"
+  CHECK(parse("0.22 0.95 1.49 x/456 1") == 0);   // not a number
+  CHECK(parse("0.22 0.95 1.49 12345678901/4 1") == 0);  // absurdly long: refused, not overflowed
+  static_assert(pol::detail::parse_loadavg_running("0 0 0 5/9 1", 11) == 5);
+}
+
+TEST_CASE("cpu headroom: the live sampler answers from any thread") {
+  // Whatever this host's load, every thread gets a verdict at once (TSan
+  // checks the sampler's sharing).
+  std::vector<std::thread> ts;
+  std::atomic<int> answers{0};
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        (void)pol::detail::cpu_headroom::spin_pays();
+        answers.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(answers.load() == 4 * 2000);
 }

@@ -229,7 +229,9 @@ status transfer_engine<P>::unregister_memory(void* addr, in_flight mode) {
 template <class P>
 status transfer_engine<P>::register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location) {
   for (std::size_t i = 0; i < buffers.size(); ++i) {
-    if (auto r = transport_->register_memory(buffers[i].addr, buffers[i].length, location, false); !r) {
+    if (auto r = transport_->register_memory(buffers[i].addr, buffers[i].length, location, false,
+                                          buffers[i].access);
+        !r) {
       for (std::size_t j = 0; j < i; ++j) (void)transport_->unregister_memory(buffers[j].addr, false);
       (void)transport_->publish();  // deregisters the rolled-back MRs
       return fail(r.error().code, "buffer " + std::to_string(i) + ": " + r.error().detail);

@@ -3,6 +3,7 @@
 /// pass, then sleep on the completion channels like cq_event.
 
 #include <tide/policy/cq_event.hpp>
+#include <tide/policy/detail/cpu_headroom.hpp>
 #include <tide/policy/detail/spin_window.hpp>
 #include <tide/policy/idle.hpp>
 #include <tide/result.hpp>
@@ -23,6 +24,18 @@ namespace tide::policy {
 /// hybrid spins 100 ms and its sleep ignores completions, so a streaming
 /// worker never sleeps; cq_event sleeps at once and pays a wake-up on
 /// every small request.
+///
+/// The spin only pays while a CPU is free for it: with `adapt` (the
+/// default) a window opens only while the host has no more runnable
+/// threads than CPUs (detail::cpu_headroom: /proc/loadavg, sampled at most
+/// every 2 ms by one thread of the process), else the worker sleeps at once
+/// as cq_event's does.  On a host whose every CPU is busy a spinning worker
+/// would take the time slice of the work that completes its requests and
+/// then wait for its own turn; a sleeping one is woken by the completion
+/// and, having slept, runs at once.  The thread waiting for the batch
+/// keeps its own short spin (engine_config::wait_spin): it is the caller's,
+/// running already, and catching the completion awake saves the second
+/// wake-up of the request (measured: bench/latency --load, docs/performance.md).
 class spin_event {
  public:
   static constexpr std::string_view kName = "spin_event";
@@ -36,6 +49,9 @@ class spin_event {
     /// cq_event's: longest single sleep (> 0) and CQ events acked per call (>= 1).
     std::chrono::milliseconds max_sleep{1000};
     unsigned ack_batch = 64;
+    /// Spin only while the host has a CPU free for it (see above); false:
+    /// always spin the window.
+    bool adapt = true;
   };
 
   /// Errors: errc::config_invalid (spin < 0, or cq_event's), cq_event's
@@ -44,14 +60,15 @@ class spin_event {
     if (cfg.spin.count() < 0) return fail(errc::config_invalid, "spin_event.spin must be >= 0");
     auto sleeper = cq_event::create({.max_sleep = cfg.max_sleep, .ack_batch = cfg.ack_batch});
     if (!sleeper) return fail(sleeper.error());
-    return spin_event(cfg.spin, std::move(*sleeper));
+    return spin_event(cfg.spin, cfg.adapt, std::move(*sleeper));
   }
 
   /// create(config{}): the defaults.
   [[nodiscard]] static result<spin_event> create() { return create(config{}); }
 
   /// Only before any thread uses `o`.
-  spin_event(spin_event&& o) noexcept : window_(std::move(o.window_)), sleeper_(std::move(o.sleeper_)) {}
+  spin_event(spin_event&& o) noexcept
+      : window_(std::move(o.window_)), adapt_(o.adapt_), sleeper_(std::move(o.sleeper_)) {}
   spin_event& operator=(spin_event&&) = delete;
 
   /// As cq_event::attach / detach.
@@ -62,6 +79,7 @@ class spin_event {
 
   template <class Repass>
   void on_empty(Repass&& repass) noexcept {
+    if (adapt_ && window_.opening() && !detail::cpu_headroom::spin_pays()) window_.expire();
     if (window_.spin()) return;
     sleeper_.on_empty(std::forward<Repass>(repass));
   }
@@ -75,9 +93,11 @@ class spin_event {
   [[nodiscard]] static bool exact_wakeups() noexcept { return cq_event::exact_wakeups(); }
 
  private:
-  spin_event(std::chrono::nanoseconds spin, cq_event sleeper) noexcept : window_(spin), sleeper_(std::move(sleeper)) {}
+  spin_event(std::chrono::nanoseconds spin, bool adapt, cq_event sleeper) noexcept
+      : window_(spin), adapt_(adapt), sleeper_(std::move(sleeper)) {}
 
   detail::spin_window window_;
+  bool adapt_;
   cq_event sleeper_;
 };
 

@@ -20,6 +20,13 @@ class spin_window {
     expired_ = false;
   }
 
+  /// True before the first empty pass of a window: the moment to decide
+  /// whether to spin at all.
+  [[nodiscard]] bool opening() const noexcept { return empty_passes_ == 0 && !expired_; }
+
+  /// Ends the window now (no spinning until reset()).
+  void expire() noexcept { expired_ = true; }
+
   /// An empty pass: pauses once and returns true while the window lasts;
   /// false from the moment it has expired until reset().  The clock is read
   /// on the first empty pass and then every 64th, so an empty pass mostly
