@@ -16,8 +16,9 @@ from __future__ import annotations
 from . import _tide
 from . import _log
 from ._log import flush_logs, forward_logs, get_log_level, set_log_level
-from ._engine import (Access, Batch, Engine, InFlight, Op, Registration, RemoteBuffer, Request, Segment, State,
-                      TaskStatus, policy_sets, read, write)
+from ._batch import Batch
+from ._engine import Engine, Registration, RemoteBuffer, Request, Segment, policy_sets, read, write
+from ._types import Access, InFlight, Op, State, TaskStatus
 from ._mooncake import Read, TransferEngine, TransferNotify, TransferOpcode, Write
 from .errors import (AuthFailed, Canceled, DeviceError, EndpointError, EngineClosed, InvalidArgument, LocalError,
                      MetadataError, NoDevice, PeerUnreachable, TideError, TransferTimeout)

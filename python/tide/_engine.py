@@ -1,4 +1,5 @@
-"""The Pythonic API: ``tide.Engine``, registrations, segments, batches.
+"""The Pythonic API: ``tide.Engine``, registrations, segments, requests (batches:
+_batch.py; the enums and TaskStatus: _types.py).
 
 Threads: an Engine, its Registrations and Segments are thread-safe; a Batch
 is one thread's at a time (its status calls are safe from any thread).  The
@@ -8,79 +9,17 @@ take it.
 """
 from __future__ import annotations
 
-import enum
 import json
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from . import _tide
+from ._batch import Batch
 from ._memory import exported_memory, is_one_buffer
+from ._types import Access, InFlight, Op, TaskStatus
 from .errors import EngineClosed, InvalidArgument, TideError, class_for, code_of
-
-
-class Op(enum.IntEnum):
-    READ = 0
-    WRITE = 1
-
-
-class State(enum.IntEnum):
-    """A task's state; COMPLETED, FAILED, TIMEOUT and CANCELED are final."""
-
-    WAITING = 0
-    PENDING = 1
-    COMPLETED = 2
-    FAILED = 3
-    TIMEOUT = 4
-    CANCELED = 5
-
-    @property
-    def final(self) -> bool:
-        return self >= State.COMPLETED
-
-
-class Access(enum.IntEnum):
-    """What remote peers may do with a registered buffer."""
-
-    LOCAL_ONLY = 0
-    REMOTE_READ = 1
-    REMOTE_WRITE = 2
-    REMOTE_READ_WRITE = 3
-
-
-class InFlight(enum.IntEnum):
-    """What unregister / close do with transfers still using the buffer or segment."""
-
-    REJECT = 0
-    DRAIN = 1
-    CANCEL = 2
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    """One task's (or a batch's roll-up) status.  ``reason`` is the errc name of
-    the first error that hit it (None when COMPLETED or still running)."""
-
-    state: State
-    bytes: int
-    reason: Optional[str] = None
-    failed_device: str = ""
-    failed_path: str = ""
-
-    @classmethod
-    def _of(cls, t) -> "TaskStatus":
-        state, nbytes, reason, device, path = t
-        name = None if reason == 0 else class_for(reason)(reason).name
-        return cls(State(state), nbytes, name, device, path)
-
-    def error(self) -> Optional[TideError]:
-        """The exception this status stands for (None when COMPLETED or not final)."""
-        if not self.state.final or self.state == State.COMPLETED:
-            return None
-        code = code_of(self.reason) if self.reason else code_of("canceled" if self.state == State.CANCELED else "timed_out")
-        where = f" on {self.failed_device} -> {self.failed_path}" if self.failed_path else ""
-        return class_for(code)(code, f"task ended {self.state.name}{where}")
 
 
 class Registration:
@@ -219,136 +158,6 @@ def read(local, segment: Segment, buffer_id: Optional[int] = None, offset: int =
          *, local_offset: int = 0, address: Optional[int] = None) -> Request:
     """A READ from the peer's buffer into `local`; arguments as :func:`write`."""
     return _request(Op.READ, local, segment, buffer_id, offset, length, local_offset, address)
-
-
-class Batch:
-    """Submitted requests.  Keeps their Registrations until every task is final.
-    Leaving ``with`` finishes it (waits; on an exception cancels first; then
-    frees); :meth:`free` frees a final one; a Batch dropped without either is
-    freed once final (cancelled first when still running), so nothing leaks
-    whatever ``max_batches`` is.  ``await batch`` waits without blocking the
-    event loop (no thread per await).  One thread at a time per batch; its
-    status calls are safe from any thread."""
-
-    def __init__(self, engine: "Engine", batch_id: int, requests: Sequence[Request]) -> None:
-        self._engine = engine
-        self.id = batch_id
-        self.size = len(requests)
-        self._refs = [r.local for r in requests if isinstance(r.local, Registration)]
-        self._freed = False
-        # Refers to the native engine, the id and the refs, never to self: it
-        # runs when the Batch is collected without free() or ``with``.
-        self._finalizer = weakref.finalize(self, _drop_batch, engine._native, batch_id, self._refs, engine._orphans)
-        self._finalizer.atexit = False  # the engine's own close ends every batch at exit
-
-    def status(self) -> TaskStatus:
-        """The batch's roll-up: PENDING while any task runs, else COMPLETED or the first failure."""
-        return TaskStatus._of(self._engine._core().batch_status(self.id))
-
-    def tasks(self) -> List[TaskStatus]:
-        core = self._engine._core()
-        return [TaskStatus._of(core.task_status(self.id, i)) for i in range(self.size)]
-
-    @property
-    def done(self) -> bool:
-        return self.status().state.final
-
-    def wait(self, timeout: Optional[float] = None) -> List[TaskStatus]:
-        """Blocks (GIL released, Ctrl-C works) until every task is final, then
-        returns their statuses.  Raises TransferTimeout when `timeout` seconds
-        pass first (the tasks keep running; cancel() or wait again), ValueError
-        for a timeout that is not a finite number."""
-        self._engine._core().wait(self.id, -1.0 if timeout is None else float(timeout))
-        return self.tasks()
-
-    def result(self, timeout: Optional[float] = None) -> int:
-        """wait(), then the bytes moved; raises the first failed task's error."""
-        tasks = self.wait(timeout)
-        for t in tasks:
-            err = t.error()
-            if err is not None:
-                raise err
-        return sum(t.bytes for t in tasks)
-
-    def telemetry(self, task: Optional[int] = None) -> Dict[str, Any]:
-        """Per-request telemetry of task `task` (None: the batch's sum): seconds
-        from the submit to the first post and to completion (None: not yet),
-        bytes, WRs, retries, the local NICs used, the transports that carried
-        it ("rdma", "tcp": both after a failover); complete once it is final."""
-        return self._engine._core().telemetry(self.id, -1 if task is None else int(task))
-
-    def cancel(self) -> None:
-        """Unfinished tasks end CANCELED; posted work drains first (wait() returns then)."""
-        self._engine._core().cancel(self.id)
-
-    def free(self) -> None:
-        """Releases the batch (idempotent; after Engine.close() it does nothing).
-        Raises batch_busy while tasks run."""
-        if self._freed:
-            return
-        try:
-            self._engine._core().free_batch(self.id)
-        except EngineClosed:
-            pass  # close() ended it with the engine
-        self._forget()
-
-    def _forget(self, parked: bool = False) -> None:
-        """The batch is freed (or parked by the engine, ``parked``): drop it."""
-        if parked:
-            self._engine._orphans[self.id] = self._refs  # kept until the engine frees it
-        self._freed = True
-        self._finalizer.detach()
-        self._refs = []
-        self._engine._batches.pop(self.id, None)
-
-    def _finish(self, cancel: bool) -> None:
-        """The engine's finish: wait (cancel first when `cancel`), drain within
-        transfer_timeout + 10 s, free; a batch not final by then, or on Ctrl-C,
-        is parked with its registrations until it is."""
-        try:
-            *_, leaked = self._engine._core().finish(self.id, 0.0 if cancel else -1.0)
-        except EngineClosed:
-            self._forget()
-            return
-        except BaseException:
-            self._forget(parked=True)
-            raise
-        self._forget(parked=leaked)
-
-    async def wait_async(self, timeout: Optional[float] = None) -> List[TaskStatus]:
-        """wait() for asyncio: the loop is woken by the engine (an eventfd) when
-        the batch is final.  Cancelling the awaiting task cancels the batch."""
-        from ._aio import wait_batch
-
-        await wait_batch(self, timeout)
-        return self.tasks()
-
-    def __await__(self):
-        return self.wait_async().__await__()
-
-    def __enter__(self) -> "Batch":
-        return self
-
-    def __exit__(self, exc_type, *rest) -> None:
-        if not self._freed:
-            self._finish(cancel=exc_type is not None)
-
-    def __repr__(self) -> str:
-        try:
-            state = "freed" if self._freed else self.status().state.name
-        except TideError:
-            state = "closed"
-        return f"<tide.Batch id=0x{self.id:x} tasks={self.size} {state}>"
-
-
-def _drop_batch(native, batch_id: int, refs: List[Registration], orphans: Dict[int, List[Registration]]) -> None:
-    """A Batch collected without free() or ``with``: freed now when final, else
-    cancelled and parked by the engine, its registrations kept until then."""
-    try:
-        if not native.release(batch_id):
-            orphans[batch_id] = refs
-    except TideError:
-        pass  # closed: the engine's teardown ended it
 
 
 class Engine:

@@ -37,7 +37,7 @@ import threading
 from typing import List, Optional, Sequence, Tuple
 
 from . import _tide
-from ._engine import TaskStatus
+from ._types import TaskStatus
 from .errors import TideError
 
 _WRITE_TIMEOUT_PER_BYTE_S = 1e-9  # Mooncake's deadline: base + 1 ns per byte (about 1 GB/s)
