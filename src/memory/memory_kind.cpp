@@ -262,10 +262,19 @@ result<placement> place(const void* addr, std::size_t len, const topology::locat
   return p;
 }
 
-status copy_from_host(std::uint64_t dst, const void* src, std::size_t n) {
-  auto info = classify(reinterpret_cast<const void*>(dst), n);
+namespace {
+
+// The copy engine of whatever memory [addr, addr + n) is.
+result<const copy_engine*> engine_at(std::uint64_t addr, std::size_t n) {
+  auto info = classify(reinterpret_cast<const void*>(addr), n);
   if (!info) return fail(info.error());
-  auto e = copy_engine_for(*info);
+  return copy_engine_for(*info);
+}
+
+}  // namespace
+
+status copy_from_host(std::uint64_t dst, const void* src, std::size_t n) {
+  auto e = engine_at(dst, n);
   if (!e) return fail(e.error());
   if ((*e)->from_host(dst, src, n) != errc::ok)
     return fail(errc::copy_failed, "copy of " + std::to_string(n) + " bytes into " + std::string((*e)->name()) +
@@ -274,9 +283,7 @@ status copy_from_host(std::uint64_t dst, const void* src, std::size_t n) {
 }
 
 status copy_to_host(void* dst, std::uint64_t src, std::size_t n) {
-  auto info = classify(reinterpret_cast<const void*>(src), n);
-  if (!info) return fail(info.error());
-  auto e = copy_engine_for(*info);
+  auto e = engine_at(src, n);
   if (!e) return fail(e.error());
   if ((*e)->to_host(dst, src, n) != errc::ok)
     return fail(errc::copy_failed, "copy of " + std::to_string(n) + " bytes out of " + std::string((*e)->name()) +

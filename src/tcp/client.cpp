@@ -248,7 +248,7 @@ class connection : public std::enable_shared_from_this<connection> {
   void start_send(op* o) {
     sending_ = o;
     sent_ = 0;
-    staged_begin_ = staged_end_ = 0;
+    send_stage_.restart();
     header_ = wire::encode_tcp_header({o->length, o->remote_addr, o->kind, !v1_});
     send_total_ = wire::kTcpHeaderSize + (o->kind == transfer_op::write ? o->length : 0);
     send_some();
@@ -267,18 +267,14 @@ class connection : public std::enable_shared_from_this<connection> {
       if (o->stager == nullptr) {
         bufs[1] = asio::buffer(reinterpret_cast<const void*>(o->local_addr + off), o->length - off);
       } else {
-        // Staged: the next chunk is copied out once the last one is sent.
-        std::byte* stage = send_stage_.get(*o->stager);
-        if (stage == nullptr) return stage_failed(o, errc::out_of_memory, "no memory for a staging buffer");
-        if (off == staged_end_) {
-          const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(stage_buffer::kBytes, o->length - off));
-          if (const errc c = o->stager->to_host(stage, o->local_addr + off, n); c != errc::ok)
-            return stage_failed(o, c, "the staging copy out of " + std::string(o->stager->name()) + " memory failed");
-          staged_begin_ = off;
-          staged_end_ = off + n;
-          counters::add(client_.count().bytes_staged, n);
-        }
-        bufs[1] = asio::buffer(stage + (off - staged_begin_), staged_end_ - off);
+        std::size_t copied = 0;
+        if (const errc c = send_stage_.next_out(*o->stager, o->local_addr, o->length, off, bufs[1], copied);
+            c != errc::ok)
+          return stage_failed(o, c,
+                              c == errc::out_of_memory
+                                  ? std::string("no memory for a staging buffer")
+                                  : "the staging copy out of " + std::string(o->stager->name()) + " memory failed");
+        counters::add(client_.count().bytes_staged, copied);
       }
     }
     sock_.async_write_some(bufs, [self = shared_from_this()](const error_code& e, std::size_t k) { self->on_sent(e, k); });
@@ -526,12 +522,9 @@ class connection : public std::enable_shared_from_this<connection> {
   asio_tcp::resolver resolver_;
   asio::steady_timer timer_;
   // Staging (ops with a stager): a bounce buffer per direction, as a send
-  // and a receive run at once; [staged_begin_, staged_end_) of the op being
-  // sent is in send_stage_.
+  // and a receive run at once.
   stage_buffer send_stage_;
   stage_buffer recv_stage_;
-  std::uint64_t staged_begin_ = 0;
-  std::uint64_t staged_end_ = 0;
   op* copy_failed_op_ = nullptr;  ///< ends with copy_failed_errc_ in fail_all
   errc copy_failed_errc_ = errc::copy_failed;
 

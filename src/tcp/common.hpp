@@ -9,6 +9,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -89,6 +90,28 @@ class stage_buffer {
   ~stage_buffer() {
     if (pinned_by_ != nullptr) pinned_by_->unpin(data_.get());
   }
+  /// Sending a staged payload [src, src + total): the bytes to send from
+  /// payload offset `off`, copied out of `src`'s memory one chunk at a time
+  /// (the next once the last is sent).  `copied`: the bytes this call
+  /// copied (0 while the chunk lasts).  Errors: out_of_memory (no buffer),
+  /// the engine's copy error.  restart() before each payload.
+  [[nodiscard]] errc next_out(const memory::copy_engine& e, std::uint64_t src, std::uint64_t total,
+                              std::uint64_t off, asio::const_buffer& out, std::size_t& copied) noexcept {
+    copied = 0;
+    std::byte* stage = get(e);
+    if (stage == nullptr) return errc::out_of_memory;
+    if (off == end_) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBytes, total - off));
+      if (const errc c = e.to_host(stage, src + off, n); c != errc::ok) return c;
+      begin_ = off;
+      end_ = off + n;
+      copied = n;
+    }
+    out = asio::buffer(stage + (off - begin_), end_ - off);
+    return errc::ok;
+  }
+  void restart() noexcept { begin_ = end_ = 0; }
+
   /// The buffer, ready for `e`'s copies; null when it cannot be allocated.
   [[nodiscard]] std::byte* get(const memory::copy_engine& e) noexcept {
     if (!data_) {
@@ -106,6 +129,7 @@ class stage_buffer {
   std::unique_ptr<std::byte[]> data_;
   const memory::copy_engine* pinned_by_ = nullptr;
   const memory::copy_engine* tried_ = nullptr;  ///< the last engine asked to pin (once each)
+  std::uint64_t begin_ = 0, end_ = 0;           ///< next_out: the payload range now in the buffer
 };
 
 [[nodiscard]] inline std::int64_t now_ns() noexcept {

@@ -196,7 +196,7 @@ class session : public std::enable_shared_from_this<session> {
       return reject(st);
     }
     done_ = 0;
-    staged_begin_ = staged_end_ = 0;
+    stage_.restart();
     enter(phase::payload, srv_.cfg().progress_timeout);
     if (req_.op == transfer_op::write) return receive_payload();
     if (req_.v2) {
@@ -306,18 +306,11 @@ class session : public std::enable_shared_from_this<session> {
     if (stager_ == nullptr) {
       bufs[1] = asio::buffer(reinterpret_cast<const void*>(req_.addr + off), req_.size - off);
     } else {
-      // Staged: the next chunk is copied out once the last one is sent.
-      std::byte* stage = stage_.get(*stager_);
-      if (stage == nullptr) return stage_failed("no memory for a staging buffer");
-      if (off == staged_end_) {
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(stage_buffer::kBytes, req_.size - off));
-        if (stager_->to_host(stage, req_.addr + off, n) != errc::ok)
-          return stage_failed("the staging copy out of the buffer failed");
-        staged_begin_ = off;
-        staged_end_ = off + n;
-        counters::add(srv_.count().bytes_staged, n);
-      }
-      bufs[1] = asio::buffer(stage + (off - staged_begin_), staged_end_ - off);
+      std::size_t copied = 0;
+      if (const errc c = stage_.next_out(*stager_, req_.addr, req_.size, off, bufs[1], copied); c != errc::ok)
+        return stage_failed(c == errc::out_of_memory ? "no memory for a staging buffer"
+                                                     : "the staging copy out of the buffer failed");
+      counters::add(srv_.count().bytes_staged, copied);
     }
     sock_.async_write_some(bufs, [self = shared_from_this()](const error_code& e, std::size_t k) {
       if (self->phase_ == phase::closed) return;
@@ -371,10 +364,9 @@ class session : public std::enable_shared_from_this<session> {
   void* handle_ = nullptr;
   std::uint64_t done_ = 0, total_ = 0;
   // Staging (a buffer whose memory the socket cannot touch): the request's
-  // copy engine, its bounce buffer, and the chunk of a READ in it.
+  // copy engine and its bounce buffer.
   const memory::copy_engine* stager_ = nullptr;
   stage_buffer stage_;
-  std::uint64_t staged_begin_ = 0, staged_end_ = 0;
   std::vector<std::uint8_t> scratch_;
   wire::auth_nonce server_nonce_{}, client_nonce_{};
   std::string identity_;

@@ -192,6 +192,10 @@ status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::
   std::string exported_error;
   std::string refusals;
   const bool peermem = memory::peermem_loaded();
+  auto keep = [&b](verbs::memory_region& mr) {
+    b.lkeys.push_back(mr.lkey());
+    b.mrs.push_back(std::move(mr));
+  };
   for (std::size_t i = 0; i < contexts_.size(); ++i) {
     auto& c = *contexts_[i];
     std::string why = c.name() + ": ";
@@ -205,8 +209,7 @@ status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::
         auto mr = verbs::memory_region::register_dmabuf(c.pd(), exported->fd(), exported->offset(), b.length, b.addr,
                                                         mr_access(b.access));
         if (mr) {
-          b.lkeys.push_back(mr->lkey());
-          b.mrs.push_back(std::move(*mr));
+          keep(*mr);
           continue;
         }
         why += "dma-buf registration failed (" + mr.error().detail + ")";
@@ -220,8 +223,7 @@ status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::
       auto mr = verbs::memory_region::register_memory(c.pd(), reinterpret_cast<void*>(b.addr), b.length,
                                                       mr_access(b.access));
       if (mr) {
-        b.lkeys.push_back(mr->lkey());
-        b.mrs.push_back(std::move(*mr));
+        keep(*mr);
         continue;
       }
       why += "; ibv_reg_mr with nvidia_peermem failed (" + mr.error().detail + ")";
