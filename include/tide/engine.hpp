@@ -247,11 +247,18 @@ struct engine_config {
   unsigned tcp_proto = 2;
   /// The staging switch: host memory takes the path of GPU memory that no
   /// NIC registers: registered on no NIC, published with "reach": "tcp",
-  /// and moved over TCP through the bounce buffers and a copy engine (a
-  /// memcpy; CUDA copies for GPU memory), so that path runs, and is tested,
-  /// on hosts without a GPU.  GPU memory is always staged over TCP; RDMA
-  /// moves it only where a NIC registers it (dma-buf or nvidia_peermem).
+  /// and staged through a copy engine (a memcpy; CUDA copies for GPU
+  /// memory), so that path runs, and is tested, on hosts without a GPU.
   bool stage_host_memory = false;
+  /// Memory no NIC registers (GPU memory without dma-buf or nvidia_peermem;
+  /// host memory with stage_host_memory): this engine's requests from it
+  /// still go over RDMA, through pinned host chunks the NIC registered
+  /// (stage_chunk_size bytes each, stage_chunks per lane), where the peer's
+  /// buffer is reachable by RDMA.  false: over TCP.  Peers reach such
+  /// memory over TCP only either way.
+  bool rdma_staging = true;
+  std::size_t stage_chunk_size = std::size_t{256} << 10;
+  unsigned stage_chunks = 32;
 
   /// Keys the program set on purpose, kept over TIDE_CONFIG and the
   /// environment even where the value equals the default.  apply_json and

@@ -212,9 +212,18 @@ status each(F&& f) {
                .lo = 1, .hi = 2, .mc = "MC_TCP_PROTO", .rule = mc_rule::range, .mc_lo = 1, .mc_hi = 2,
                .mc_note = "Mooncake acts on 1 only; 2 is tide's default")
   TIDE_SETTING(stage_host_memory, .key = "stage_host_memory",
-               .meaning = "Host memory takes the path of GPU memory no NIC registers: over TCP only, staged through "
-                          "bounce buffers (tests that path without a GPU)",
+               .meaning = "Host memory takes the path of GPU memory no NIC registers: staged through bounce buffers, "
+                          "peers reach it over TCP only (tests that path without a GPU)",
                .lo = 0, .hi = 1)
+  TIDE_SETTING(rdma_staging, .key = "rdma_staging",
+               .meaning = "Memory no NIC registers moves over RDMA through NIC-registered host chunks where the "
+                          "peer's buffer is RDMA-reachable; 0: over TCP",
+               .lo = 0, .hi = 1)
+  TIDE_SETTING(stage_chunk_size, .key = "stage_chunk_size",
+               .meaning = "Bytes per staging chunk (no staged work request is longer)", .lo = 4096, .hi = 64LL << 20,
+               .unit = "bytes")
+  TIDE_SETTING(stage_chunks, .key = "stage_chunks",
+               .meaning = "Staging chunks per lane, registered on its first staged request", .lo = 1, .hi = 4096)
 #undef TIDE_SETTING
   return {};
 }

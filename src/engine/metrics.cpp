@@ -123,6 +123,9 @@ void nics(writer& w, const inputs& in) {
   for (const auto& n : t.nics) w.sample("tide_nic_inflight_bytes", {{"nic", n.name}}, n.inflight_bytes);
   w.family("tide_nic_inflight_work_requests", "gauge", "Work requests dispatched to this NIC and not yet retired.");
   for (const auto& n : t.nics) w.sample("tide_nic_inflight_work_requests", {{"nic", n.name}}, n.inflight_wrs);
+  w.family("tide_nic_staged_bytes_total", "counter",
+           "Payload bytes copied through this NIC's stage chunks (memory no NIC registers, moved over RDMA).");
+  for (const auto& n : t.nics) w.sample("tide_nic_staged_bytes_total", {{"nic", n.name}}, n.staged_bytes);
   w.family("tide_nic_bandwidth_estimate_bytes_per_second", "gauge",
            "The NIC's estimated bandwidth (the port rate until traffic has been measured).");
   for (const auto& n : t.nics)

@@ -119,53 +119,69 @@ void check_quiet_after_final(const buffer& local) {
 
 }  // namespace
 
+// The final-means-final cases run twice: on registered memory, and staged
+// (the staging switch: a READ's bytes are copied out of stage chunks as its
+// WRs complete, which must also stop before the task is final).
+tide::engine_config staged_or_not(tide::engine_config c, bool staged) {
+  c.stage_host_memory = staged;
+  c.stage_chunk_size = 64 << 10;
+  c.stage_chunks = 8;
+  return c;
+}
+
 TEST_CASE("final means final: a canceled READ writes nothing into the buffer after wait() returns") {
   const auto devs = devices_under_test();
-  engine_pair p(config_for(devs[0]), devs[1], 64u << 20);
-  auto& [a, b, local, remote, seg, remote_addr] = p;
-  auto batch = start(*a, transfer_op::read, seg, local, remote_addr);
-  REQUIRE(a->cancel(batch));
-  REQUIRE(a->wait(batch, 60s));
-  auto st = a->batch_status(batch).value();
-  MESSAGE("canceled batch: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << "), "
-                             << st.transferred_bytes << " bytes moved");
-  CHECK(st.state == transfer_state::canceled);
-  CHECK(st.reason == tide::errc::canceled);
-  check_quiet_after_final(local);
-  REQUIRE(a->free_batch(batch));
-  // The engine still works afterwards.
-  buffer again(1u << 20, kCanary);
-  REQUIRE(a->register_memory(again.data, again.size, "cpu:0"));
-  auto r = transfer_request::at_address(transfer_op::read, again.data, seg, remote_addr, again.size);
-  auto ok = a->allocate_batch(1).value();
-  REQUIRE(a->submit(ok, {&r, 1}));
-  REQUIRE(a->wait(ok, 60s));
-  CHECK(a->status_of(ok, 0).value().state == transfer_state::completed);
-  CHECK(again.data[again.size - 1] == kRemote);
-  REQUIRE(a->free_batch(ok));
+  for (const bool staged : {false, true}) {
+    CAPTURE(staged);
+    engine_pair p(staged_or_not(config_for(devs[0]), staged), devs[1], 64u << 20);
+    auto& [a, b, local, remote, seg, remote_addr] = p;
+    auto batch = start(*a, transfer_op::read, seg, local, remote_addr);
+    REQUIRE(a->cancel(batch));
+    REQUIRE(a->wait(batch, 60s));
+    auto st = a->batch_status(batch).value();
+    MESSAGE("canceled batch: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << "), "
+                               << st.transferred_bytes << " bytes moved");
+    CHECK(st.state == transfer_state::canceled);
+    CHECK(st.reason == tide::errc::canceled);
+    check_quiet_after_final(local);
+    REQUIRE(a->free_batch(batch));
+    // The engine still works afterwards.
+    buffer again(1u << 20, kCanary);
+    REQUIRE(a->register_memory(again.data, again.size, "cpu:0"));
+    auto r = transfer_request::at_address(transfer_op::read, again.data, seg, remote_addr, again.size);
+    auto ok = a->allocate_batch(1).value();
+    REQUIRE(a->submit(ok, {&r, 1}));
+    REQUIRE(a->wait(ok, 60s));
+    CHECK(a->status_of(ok, 0).value().state == transfer_state::completed);
+    CHECK(again.data[again.size - 1] == kRemote);
+    REQUIRE(a->free_batch(ok));
+  }
 }
 
 TEST_CASE("final means final: a READ past transfer_timeout ends TIMEOUT and writes nothing after wait()") {
   const auto devs = devices_under_test();
-  auto cfg = config_for(devs[0]);
-  cfg.transfer_timeout = 150ms;  // far shorter than 64 MiB takes on rxe
-  // 64 KiB WRs, at most 8 on the wire: most of the READ is still unposted at
-  // the deadline (with 64 WRs of 1 MiB all of it was posted at once).
-  cfg.max_wrs_read = 1024;
-  cfg.max_wr = 8;
-  constexpr std::size_t kSize = 64u << 20;
-  engine_pair p(cfg, devs[1], kSize);
-  auto& [a, b, local, remote, seg, remote_addr] = p;
-  auto batch = start(*a, transfer_op::read, seg, local, remote_addr, false);
-  REQUIRE(a->wait(batch, 60s));
-  auto st = a->batch_status(batch).value();
-  MESSAGE("timed-out batch: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << "), "
-                              << st.transferred_bytes << " bytes moved");
-  CHECK(st.state == transfer_state::timeout);
-  CHECK(st.reason == tide::errc::timed_out);
-  CHECK(st.transferred_bytes < kSize);
-  check_quiet_after_final(local);
-  REQUIRE(a->free_batch(batch));
+  for (const bool staged : {false, true}) {
+    CAPTURE(staged);
+    auto cfg = staged_or_not(config_for(devs[0]), staged);
+    cfg.transfer_timeout = 150ms;  // far shorter than 64 MiB takes on rxe
+    // 64 KiB WRs, at most 8 on the wire: most of the READ is still unposted at
+    // the deadline (with 64 WRs of 1 MiB all of it was posted at once).
+    cfg.max_wrs_read = 1024;
+    cfg.max_wr = 8;
+    constexpr std::size_t kSize = 64u << 20;
+    engine_pair p(cfg, devs[1], kSize);
+    auto& [a, b, local, remote, seg, remote_addr] = p;
+    auto batch = start(*a, transfer_op::read, seg, local, remote_addr, false);
+    REQUIRE(a->wait(batch, 60s));
+    auto st = a->batch_status(batch).value();
+    MESSAGE("timed-out batch: " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << "), "
+                                << st.transferred_bytes << " bytes moved");
+    CHECK(st.state == transfer_state::timeout);
+    CHECK(st.reason == tide::errc::timed_out);
+    CHECK(st.transferred_bytes < kSize);
+    check_quiet_after_final(local);
+    REQUIRE(a->free_batch(batch));
+  }
 }
 
 TEST_CASE("in flight: unregister_memory and close_segment say busy; drain waits; cancel cancels") {

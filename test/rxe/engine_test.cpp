@@ -698,39 +698,46 @@ TEST_CASE("two processes: WRITE and READ across rxe0/rxe1, checked in the peer")
 
 TEST_CASE("the peer process killed mid-batch: tasks end FAILED within the timeout, no hang") {
   const auto devs = devices_under_test();
-  peer_process peer(devs[1], 0, kPeerMem);
-  auto cfg = config_for({devs[0]});
-  cfg.transfer_timeout = 40s;
-  // 64 KiB WRs, requests not coalesced: completions trickle in, so the kill lands mid-batch
-  // (32 WRs of 1 MiB, signaled in bulk, finish before the first bytes are seen).
-  cfg.max_wrs_write = 1024;
-  cfg.coalesce_requests = false;
-  auto a = make_engine({}, cfg);
-  constexpr std::size_t kSize = 32u << 20;
-  buffer la(kSize);
-  REQUIRE(a->register_memory(la.data, kSize));
-  auto seg = a->open_segment(peer.segment).value();
-  std::vector<transfer_request> reqs;
-  for (int i = 0; i < 8; ++i)
-    reqs.push_back(transfer_request::at_address(transfer_op::write, la.data + i * (kSize / 8), seg,
-                                                peer.base + i * (kSize / 8), kSize / 8));
-  auto batch = a->allocate_batch(reqs.size()).value();
-  REQUIRE(a->submit(batch, reqs));
-  // Kill it mid-batch: once the first bytes have landed.
-  for (int i = 0; i < 2000 && a->batch_status(batch).value().transferred_bytes == 0; ++i)
-    std::this_thread::sleep_for(5ms);
-  peer.kill();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto w = a->wait(batch, 60s);
-  const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  auto st = a->batch_status(batch).value();
-  MESSAGE("after the kill: batch " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << ") in "
-                                   << secs << " s, " << st.transferred_bytes << " bytes moved");
-  CHECK(tide::is_final(st.state));
-  CHECK(st.state != transfer_state::completed);
-  CHECK(secs < 45.0);
-  (void)w;
-  REQUIRE(a->free_batch(batch));
+  // Registered memory, then staged memory (the staging switch: WRs through stage chunks).
+  for (const bool staged : {false, true}) {
+    CAPTURE(staged);
+    peer_process peer(devs[1], 0, kPeerMem);
+    auto cfg = config_for({devs[0]});
+    cfg.transfer_timeout = 40s;
+    cfg.stage_host_memory = staged;
+    cfg.stage_chunk_size = 64 << 10;
+    cfg.stage_chunks = 8;
+    // 64 KiB WRs, requests not coalesced: completions trickle in, so the kill lands mid-batch
+    // (32 WRs of 1 MiB, signaled in bulk, finish before the first bytes are seen).
+    cfg.max_wrs_write = 1024;
+    cfg.coalesce_requests = false;
+    auto a = make_engine({}, cfg);
+    constexpr std::size_t kSize = 32u << 20;
+    buffer la(kSize);
+    REQUIRE(a->register_memory(la.data, kSize));
+    auto seg = a->open_segment(peer.segment).value();
+    std::vector<transfer_request> reqs;
+    for (int i = 0; i < 8; ++i)
+      reqs.push_back(transfer_request::at_address(transfer_op::write, la.data + i * (kSize / 8), seg,
+                                                  peer.base + i * (kSize / 8), kSize / 8));
+    auto batch = a->allocate_batch(reqs.size()).value();
+    REQUIRE(a->submit(batch, reqs));
+    // Kill it mid-batch: once the first bytes have landed.
+    for (int i = 0; i < 2000 && a->batch_status(batch).value().transferred_bytes == 0; ++i)
+      std::this_thread::sleep_for(5ms);
+    peer.kill();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto w = a->wait(batch, 60s);
+    const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto st = a->batch_status(batch).value();
+    MESSAGE("after the kill: batch " << tide::to_string(st.state) << " (" << tide::to_string(st.reason) << ") in "
+                                     << secs << " s, " << st.transferred_bytes << " bytes moved");
+    CHECK(tide::is_final(st.state));
+    CHECK(st.state != transfer_state::completed);
+    CHECK(secs < 45.0);
+    (void)w;
+    REQUIRE(a->free_batch(batch));
+  }
 }
 
 TEST_CASE("open/close and register/unregister cycles leave no QP, MR or endpoint behind") {

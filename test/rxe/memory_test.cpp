@@ -3,7 +3,9 @@
 // without registering anything; host memory registers as before.  Memory
 // no NIC registers (GPU memory without GPUDirect; host memory with the
 // staging switch, as here) moves over TCP, staged, both ways, beside RDMA
-// for the rest.  GPU memory itself needs a GPU: tools/gpu-check.
+// for the rest, where rdma_staging is off (on, this engine's own requests
+// go over RDMA through stage chunks: staged_test.cpp).  GPU memory itself
+// needs a GPU: tools/gpu-check.
 
 #include "devices_under_test.hpp"
 #include "rxe_helpers.hpp"
@@ -48,6 +50,7 @@ TEST_CASE("memory no NIC registers goes over TCP, staged, both ways; the rest st
     auto c = tide::test::config_for({dev});
     c.transports = "rdma,tcp";
     c.stage_host_memory = staged;
+    c.rdma_staging = false;
     return c;
   };
   auto a = tide::test::make_engine(both(devs[0], true));   // its buffers: TCP only

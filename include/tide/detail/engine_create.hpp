@@ -179,6 +179,9 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
   tc.tcp_data_port = im->tcp ? im->tcp->port() : 0;
   tc.carrier_slice_size = e->cfg_.tcp_slice_size;
   tc.stage_host_memory = e->cfg_.stage_host_memory;
+  tc.rdma_staging = e->cfg_.rdma_staging;
+  tc.context.stage_chunk_size = e->cfg_.stage_chunk_size;
+  tc.context.stage_chunks = e->cfg_.stage_chunks;
   tc.context.local_server_name = e->name_;
   tc.context.port = e->cfg_.ib_port;
   tc.context.gid_index = e->cfg_.gid_index;

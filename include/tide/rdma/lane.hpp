@@ -29,6 +29,7 @@
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/detail/slice_queue.hpp>
+#include <tide/rdma/detail/stage_pool.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/rdma/endpoint_store.hpp>
 #include <tide/verbs/error.hpp>
@@ -95,7 +96,10 @@ class lane final : public detail::notify_sink {
   using handle = typename endpoint_store<endpoint, typename P::eviction>::handle;
   static constexpr int kPollBatch = 64;  ///< completions per ibv_poll_cq
 
-  lane(rdma_context<P>& ctx, std::uint32_t index) : ctx_(ctx), index_(index) {}
+  lane(rdma_context<P>& ctx, std::uint32_t index)
+      : ctx_(ctx),
+        index_(index),
+        stage_(ctx.config().stage_chunk_size, ctx.config().stage_chunks, ctx.bytes_staged_counter()) {}
   lane(const lane&) = delete;
   lane& operator=(const lane&) = delete;
   ~lane() { stop(); }
@@ -330,6 +334,7 @@ class lane final : public detail::notify_sink {
     while (s != nullptr) {
       detail::slice* next = s->next;
       s->next = nullptr;
+      stages_ |= s->stager != nullptr;
       group* g = nullptr;
       group* free_group = nullptr;
       for (auto& cand : groups_) {
@@ -442,10 +447,18 @@ class lane final : public detail::notify_sink {
         every_group = false;
         break;
       }
+      const std::uint32_t ready = stages_ ? stage(g, credits) : credits;
+      if (g.head == nullptr) {
+        g.tail = nullptr;
+        g.path = nullptr;
+        g.ep.reset();
+        did = true;
+        continue;
+      }
       const bool was_idle = l.ring.empty();
       std::size_t posted = 0;
       std::size_t bytes = 0;
-      const errc pe = e.post(index_, g.head, credits, posted, bytes);
+      const errc pe = e.post(index_, g.head, ready, posted, bytes);
       if (posted != 0) {
         did = true;
         cq_used_ += static_cast<std::uint32_t>(posted);
@@ -467,6 +480,21 @@ class lane final : public detail::notify_sink {
     }
     if (every_group) swept_marks_ = marks;  // the groups after a break are swept next pass
     return did;
+  }
+
+  // How many slices at the front of g may be posted, given stage chunks:
+  // the staged ones among the first `credits` get theirs (and a WRITE's
+  // bytes).  A slice that can never be staged is retired here.
+  std::uint32_t stage(group& g, std::uint32_t credits) noexcept {
+    for (;;) {
+      detail::slice* refused = nullptr;
+      errc why = errc::ok;
+      const std::uint32_t ready =
+          stage_.prepare(g.head, std::min<std::uint32_t>(credits, kStageWindow), ctx_.pd(), refused, why);
+      if (refused == nullptr) return ready;
+      detail::retire_wr(*refused, why);
+      if (g.head == nullptr) return 0;
+    }
   }
 
   // Drops the lane's hold on an endpoint whose ring on this lane is empty.
@@ -698,9 +726,14 @@ class lane final : public detail::notify_sink {
   std::size_t rr_ = 0;          ///< the group post_pending starts with
   std::uint64_t swept_marks_ = 0;  ///< detail::stop_marks() at the last full sweep
   static constexpr std::size_t kDropWindow = 64;  ///< >= the WRs one post takes
+  /// Staged WRs readied per group and pass: what one post takes (endpoint.cpp's kMaxChain), so
+  /// that a group whose send queue is full does not sit on chunks others could post.
+  static constexpr std::uint32_t kStageWindow = 32;
   std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
   std::vector<endpoint*> undrained_;  ///< QPs in ERR whose drain marker waits for room (each held)
   detail::notify_port<P> notify_;  ///< RDMA notifications (used on lane 0 only)
+  detail::stage_pool stage_;       ///< bounce chunks for staged slices (lane thread)
+  bool stages_ = false;            ///< a staged slice has reached this lane (then post_pending stages)
 };
 
 }  // namespace tide::rdma

@@ -72,6 +72,11 @@ struct context_config {
   /// at most kMaxNotifyCredits).  The transport zeroes it when nothing
   /// takes the messages or the idle strategy would sleep past a receive.
   std::uint32_t notify_credits = 0;
+  /// The staged RDMA path (rdma/detail/stage_pool.hpp): bytes per chunk
+  /// (no staged WR is longer) and chunks per lane, allocated and registered
+  /// on the lane's first staged slice.
+  std::size_t stage_chunk_size = std::size_t{256} << 10;
+  std::size_t stage_chunks = 32;
 };
 
 /// Counters of one context (relaxed; for tests and benchmarks).
@@ -84,6 +89,7 @@ struct context_stats {
   std::uint64_t port_errors = 0;
   std::uint64_t qp_fatal = 0;
   std::uint64_t cq_errors = 0;
+  std::uint64_t bytes_staged = 0;  ///< payload copied through the lanes' stage chunks
 };
 
 template <class P>
@@ -147,6 +153,10 @@ class rdma_context {
   [[nodiscard]] std::uint16_t lid() const noexcept { return params_.lid; }
   [[nodiscard]] const verbs::protection_domain& pd() const noexcept { return *pd_; }
   [[nodiscard]] lane_pool<P>& lanes() noexcept { return lanes_; }
+  [[nodiscard]] const context_config& config() const noexcept { return cfg_; }
+  /// What the lanes' stage pools count (payload bytes copied through their chunks).
+  [[nodiscard]] std::atomic<std::uint64_t>& bytes_staged_counter() noexcept { return bytes_staged_; }
+  [[nodiscard]] std::uint64_t bytes_staged() const noexcept { return bytes_staged_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::chrono::milliseconds ready_ack_timeout() const noexcept { return cfg_.ready_ack_timeout; }
   /// The port's max_msg_sz: no slice may be larger.
   [[nodiscard]] std::uint64_t max_msg_size() const noexcept { return max_msg_size_; }
@@ -226,6 +236,7 @@ class rdma_context {
       detail::retire_wr(s, e);
       return;
     }
+    (void)detail::unstage(s, e);  // the chunk stays with this lane; a retry may go elsewhere
     hooks_.failed(s, e);
   }
 
@@ -279,6 +290,7 @@ class rdma_context {
     s.port_errors = port_errors_.load(std::memory_order_relaxed);
     s.qp_fatal = qp_fatal_.load(std::memory_order_relaxed);
     s.cq_errors = cq_errors_.load(std::memory_order_relaxed);
+    s.bytes_staged = bytes_staged();
     return s;
   }
 
@@ -537,6 +549,7 @@ class rdma_context {
   std::atomic<std::uint64_t> port_errors_{0};
   std::atomic<std::uint64_t> qp_fatal_{0};
   std::atomic<std::uint64_t> cq_errors_{0};
+  std::atomic<std::uint64_t> bytes_staged_{0};  ///< the lanes' stage pools add to it
   // Last: their threads start after everything above exists and stop first.
   lane_pool<P> lanes_;
   connector<P> connector_;

@@ -96,6 +96,10 @@ struct transport_config {
   /// Host memory is staged through the host copy engine as GPU memory is
   /// through CUDA's (engine_config::stage_host_memory).
   bool stage_host_memory = false;
+  /// Local memory no NIC registered moves over RDMA through the lanes'
+  /// stage chunks (context.stage_chunk_size, stage_chunks) where the peer's
+  /// buffer is reachable by RDMA; false: over the carrier (TCP) only.
+  bool rdma_staging = true;
 };
 
 template <class P>
@@ -343,9 +347,11 @@ class rdma_transport {
   // The same for one resolved request: also when no NIC registered its
   // local buffer or the peer's.
   [[nodiscard]] bool carrier_only(const resolved_request& r) const noexcept {
-    return carrier_only(*r.seg) || !r.local->nic_reachable ||
+    return carrier_only(*r.seg) || (!r.local->nic_reachable && !cfg_.rdma_staging) ||
            r.seg->buffers[static_cast<std::size_t>(r.peer_buffer)].tcp_only;
   }
+  // Whether a resolved request RDMA moves through stage chunks.
+  [[nodiscard]] static bool staged(const resolved_request& r) noexcept { return !r.local->nic_reachable; }
   // Builds seg.rails (or takes the slot's current map when no NIC changed).
   void set_rail_map(const segment_slot& slot, remote_segment& seg, const segment_desc& d);
 
@@ -409,6 +415,7 @@ class rdma_transport {
 
   plan::planner_config plan_cfg_;
   plan::planner_config carrier_plan_cfg_;  ///< submits only the carrier takes
+  plan::planner_config stage_plan_cfg_;    ///< submits with a staged request: no WR longer than a stage chunk
   detail::slice_carrier* carrier_ = nullptr;
   plan::rail_table rails_;
   std::unique_ptr<plan::nic_load[]> loads_;  ///< by device id

@@ -44,6 +44,9 @@
 #include <unordered_map>
 #include <vector>
 
+namespace tide::memory {
+class copy_engine;
+}
 namespace tide::rdma {
 class endpoint;
 }
@@ -57,6 +60,7 @@ namespace tide::rdma::detail {
 
 struct task_state;
 struct batch_state;
+struct stage_chunk;
 
 /// Tasks of one submit that someone waits on as a whole (a transfer-bound
 /// notification, transfer_engine::submit with a notification): finish_task
@@ -157,6 +161,12 @@ struct slice {
   bool probe = false;                      ///< the one slice a paused rail lets through
   errc retry_error = errc::ok;             ///< while parked (detail/retry_timer.hpp): the failure it waits to retry
   wr_hook* hook = nullptr;                 ///< non-null: not a transfer's WR (no task)
+
+  // ---- staging (rdma/detail/stage_pool.hpp) ----
+  /// The local buffer's copy engine when no NIC registered it (the lane
+  /// stages the WR through a chunk); null otherwise.
+  const memory::copy_engine* stager = nullptr;
+  stage_chunk* chunk = nullptr;            ///< the lane's chunk while it is staged
 };
 
 /// The NIC paths of failed slices (task_state::failed_path points here),

@@ -95,6 +95,12 @@ result<std::unique_ptr<rdma_transport<P>>> rdma_transport<P>::create(const trans
   // No WR longer than any device takes.
   for (const auto& c : t->contexts_) t->plan_cfg_.max_msg_size = std::min<std::uint64_t>(t->plan_cfg_.max_msg_size, c->max_msg_size());
   if (auto r = t->plan_cfg_.validate(); !r) return fail(r.error());
+  // A staged WR fits one chunk: slices never grow past it, and no tail joins one.
+  t->stage_plan_cfg_ = t->plan_cfg_;
+  t->stage_plan_cfg_.slice_size = std::min<std::uint64_t>(cfg.context.stage_chunk_size, t->plan_cfg_.max_msg_size);
+  t->stage_plan_cfg_.fragment_limit = 0;
+  t->stage_plan_cfg_.max_wrs_write = t->stage_plan_cfg_.max_wrs_read = std::numeric_limits<std::uint32_t>::max();
+  if (auto r = t->stage_plan_cfg_.validate(); !r) return fail(errc::config_invalid, "stage_chunk_size: " + r.error().detail);
   return t;
 }
 
@@ -147,7 +153,8 @@ status rdma_transport<P>::register_memory(void* addr, std::size_t len, std::stri
   b->kind = placed->info.kind;
   b->device = placed->info.device;
   b->stager = placed->stager;
-  if (b->kind == memory::kind::host && cfg_.stage_host_memory && carrier_ != nullptr && !contexts_.empty()) {
+  if (b->kind == memory::kind::host && cfg_.stage_host_memory && (carrier_ != nullptr || cfg_.rdma_staging) &&
+      !contexts_.empty()) {
     // The staging switch: as GPU memory no NIC reaches (below).
     b->lkeys.assign(contexts_.size(), 0);
     b->nic_reachable = false;
@@ -233,10 +240,14 @@ status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::
     refusals += (refusals.empty() ? "" : "; ") + why;
   }
   if (refusals.empty()) return {};
-  if (carrier_ != nullptr) {
-    // TCP stages it: registered on no NIC, published for TCP only.
-    TIDE_LOG_WARN("register_memory: " << b.location_text << " buffer [" << b.addr << ", +" << b.length
-                                      << ") moves over TCP only: " << refusals);
+  if (carrier_ != nullptr || cfg_.rdma_staging) {
+    // Registered on no NIC and staged: this engine's requests go over RDMA
+    // through the lanes' chunks (or TCP), peers reach it over TCP only.
+    TIDE_LOG_WARN("register_memory: " << b.location_text << " buffer [" << b.addr << ", +" << b.length << ") is "
+                                      << (cfg_.rdma_staging ? "staged through host chunks for RDMA" : "moved over TCP")
+                                      << (carrier_ != nullptr ? "; peers reach it over TCP only: "
+                                                              : "; peers cannot reach it (TCP is off): ")
+                                      << refusals);
     b.mrs.clear();
     b.lkeys.assign(contexts_.size(), 0);
     b.nic_reachable = false;
@@ -245,7 +256,8 @@ status rdma_transport<P>::register_device_memory(local_buffer& b, const memory::
   return fail(errc::memory_unsupported,
               "register_memory: " + b.location_text + " buffer [" + std::to_string(b.addr) + ", +" +
                   std::to_string(b.length) + ") cannot be registered on every NIC: " + refusals +
-                  ", and TCP (which stages it) is off: add tcp to transports, or set devices= the NICs that reach it");
+                  ", and both staged paths are off (rdma_staging=0, no tcp in transports): turn one on, or set "
+                  "devices= the NICs that reach it");
 }
 
 template <class P>
@@ -661,9 +673,10 @@ status rdma_transport<P>::resolve_all(std::span<const transfer_request> requests
                       std::string(to_string(a)) + " only");
     if (carrier_only(res[i]) && !carrier_only(seg) && (carrier_ == nullptr || !carrier_->reaches(seg))) [[unlikely]]
       return fail(errc::peer_unreachable,
-                  where() + (res[i].local->nic_reachable ? "buffer " + std::to_string(res[i].peer_buffer) + " of " +
-                                                               seg.name + " is reachable over TCP only"
-                                                         : std::string("the local buffer is reachable over TCP only")) +
+                  where() + (seg.buffers[static_cast<std::size_t>(res[i].peer_buffer)].tcp_only
+                                 ? "buffer " + std::to_string(res[i].peer_buffer) + " of " + seg.name +
+                                       " is reachable over TCP only"
+                                 : std::string("the local buffer is reachable over TCP only (rdma_staging=0)")) +
                       " (memory no NIC registers), and " +
                       (carrier_ == nullptr ? std::string("TCP is not installed here") : seg.name + " serves no TCP"));
     if (carrier_only(seg) && (carrier_ == nullptr || !carrier_->reaches(seg))) [[unlikely]]

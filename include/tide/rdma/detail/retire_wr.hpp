@@ -11,6 +11,7 @@
 /// Any thread; lock-free (see detail::retire_slice for the batch roll-up).
 
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/stage_pool.hpp>
 #include <tide/rdma/plan/nic_load.hpp>
 #include <tide/rdma/plan/rail_health.hpp>
 
@@ -41,6 +42,7 @@ inline void retire_wr(slice& s, errc e) noexcept {
     s.hook->wr_done(s, e);
     return;
   }
+  if (s.chunk != nullptr) [[unlikely]] e = unstage(s, e);  // a READ's bytes reach the caller first
   if (e == errc::ok) {
     if (s.charged != nullptr) {
       s.charged->completed(s.length, steady_now_ns());

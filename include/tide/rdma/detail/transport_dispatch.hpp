@@ -49,6 +49,7 @@ void rdma_transport<P>::bind_rail(detail::slice& s, const local_buffer& lb, cons
   s.local_device = r.local;
   s.peer_device = r.peer;
   s.lkey = lb.lkeys[r.local];
+  s.stager = lb.nic_reachable ? nullptr : lb.stager;  // the lane stages it through a chunk
   s.rkey = pb.rkeys[r.peer];
   s.peer_path = &seg.nic_paths[r.peer];
   s.peer_nic = s.rails != nullptr && r.peer < s.rails->peer_ids.size() ? s.rails->peer_ids[r.peer]
@@ -105,7 +106,10 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
   // A submit that only the carrier can take is sliced for it.
   bool carrier_all = carrier_ != nullptr;
   for (std::size_t i = 0; i < requests.size() && carrier_all; ++i) carrier_all = carrier_only(res[i]);
-  if (auto r = plan::plan(carrier_all ? carrier_plan_cfg_ : plan_cfg_, extents, planned); !r) return r;
+  bool any_staged = false;
+  for (std::size_t i = 0; i < requests.size() && !any_staged; ++i) any_staged = staged(res[i]);
+  const plan::planner_config& pc = carrier_all ? carrier_plan_cfg_ : (any_staged ? stage_plan_cfg_ : plan_cfg_);
+  if (auto r = plan::plan(pc, extents, planned); !r) return r;
   // The map of the view each task keeps alive (keep_alive below): slices
   // point at it for retries, and it holds their peer ids in the rail table.
   maps.assign(requests.size(), nullptr);
@@ -341,6 +345,7 @@ void rdma_transport<P>::on_failed(detail::slice& s, errc e) noexcept {
 template <class P>
 void rdma_transport<P>::to_carrier(detail::slice& s) noexcept {
   detail::release_charge(s, false);
+  s.stager = nullptr;  // the carrier looks its stager up by address
   s.ep = nullptr;
   s.rail = nullptr;
   s.probe = false;
@@ -432,7 +437,7 @@ plan::transport_stats rdma_transport<P>::stats(bool every_rail) const {
   for (std::size_t i = 0; i < contexts_.size(); ++i) {
     const plan::nic_load& l = loads_[i];
     out.nics.push_back({contexts_[i]->name(), l.bytes(), l.wrs(), l.errors(), l.inflight_bytes(), l.bandwidth(),
-                        l.prior_bandwidth(), l.inflight_wrs()});
+                        l.prior_bandwidth(), l.inflight_wrs(), contexts_[i]->bytes_staged()});
   }
   const auto peers = rails_.peer_names();
   for (std::uint32_t p = 0; p < peers.size(); ++p)

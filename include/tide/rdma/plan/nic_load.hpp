@@ -189,6 +189,7 @@ struct nic_stats {
   double bandwidth_bps = 0;          ///< current estimate (bytes/s)
   double prior_bps = 0;              ///< the port's rate (bytes/s)
   std::uint64_t inflight_wrs = 0;    ///< dispatched, not yet completed or released
+  std::uint64_t staged_bytes = 0;    ///< payload copied through its lanes' stage chunks
 };
 
 /// One rail that has ever failed, in engine->stats().
