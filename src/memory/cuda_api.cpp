@@ -91,9 +91,10 @@ api load() {
   l.resolve(a.cuMemSetAccess, "cuMemSetAccess");
   // What classification, copies and exports cannot do without.
   if (a.cuInit == nullptr || a.cuDeviceGetCount == nullptr || a.cuPointerGetAttribute == nullptr ||
-      a.cuMemGetAddressRange == nullptr || a.cuMemcpyDtoH == nullptr || a.cuMemcpyHtoD == nullptr ||
+      a.cuMemGetAddressRange == nullptr || a.cuMemcpyDtoHAsync == nullptr || a.cuMemcpyHtoDAsync == nullptr ||
+      a.cuStreamCreate == nullptr || a.cuStreamSynchronize == nullptr || a.cuStreamDestroy == nullptr ||
       a.cuDevicePrimaryCtxRetain == nullptr || a.cuCtxSetCurrent == nullptr || a.cuDeviceGet == nullptr) {
-    a.why = std::string(file) + " lacks an entry point tide needs (cuInit, cuPointerGetAttribute, cuMemcpy*...)";
+    a.why = std::string(file) + " lacks an entry point tide needs (cuInit, cuPointerGetAttribute, cuMemcpy*Async, cuStream*...)";
     return a;
   }
   if (const CUresult r = a.cuInit(0); r != CUDA_SUCCESS) {

@@ -28,6 +28,7 @@ using CUmemGenericAllocationHandle = std::uint64_t;
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
+inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 inline constexpr CUresult CUDA_ERROR_DEINITIALIZED = 4;
 inline constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
@@ -56,6 +57,7 @@ inline constexpr int CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124;
 // CUmemRangeHandleType, cuMemHostRegister flags, cuGetProcAddress flags
 inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1;
 inline constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 1;
+inline constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 inline constexpr std::uint64_t CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1;
 
 // Virtual memory management (cuMemCreate and friends): what tools/gpu-check

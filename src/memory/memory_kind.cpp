@@ -17,6 +17,7 @@ namespace {
 using cuda_driver::api;
 using cuda_driver::CUdeviceptr;
 using cuda_driver::CUresult;
+using cuda_driver::CUstream;
 
 std::string hex(std::uint64_t v) {
   char b[24];
@@ -86,24 +87,61 @@ class host_copy final : public copy_engine {
   std::string_view name() const noexcept override { return "host"; }
 };
 
-// Synchronous driver copies on the device's primary context: the caller (a
-// transport's I/O thread) moves one chunk per call and needs the bytes in
-// place when it returns.  cuMemcpyDtoH/HtoD from pageable memory also
-// work; from pinned staging memory they run at the copy engine's speed.
+// The calling thread's own non-blocking stream on `device`'s primary
+// context (made current first).  A copy on the legacy default stream would
+// also wait for every kernel the application queued there (PyTorch's
+// default stream) and stall a lane or an I/O thread behind unrelated GPU
+// work; the GPUDirect path does not wait for them either (a caller
+// synchronizes before a transfer, as with Mooncake; *_on_cuda does it).
+// Destroyed with the thread.
+CUresult thread_stream(const api& a, int device, CUstream& out) noexcept {
+  struct streams {
+    std::vector<std::pair<int, CUstream>> by_device;
+    ~streams() {
+      for (auto& [d, s] : by_device) (void)api::get().cuStreamDestroy(s);
+    }
+  };
+  thread_local streams mine;
+  if (CUresult r = a.use_device(device); r != cuda_driver::CUDA_SUCCESS) return r;
+  for (const auto& [d, s] : mine.by_device)
+    if (d == device) {
+      out = s;
+      return cuda_driver::CUDA_SUCCESS;
+    }
+  CUstream s = nullptr;
+  if (CUresult r = a.cuStreamCreate(&s, cuda_driver::CU_STREAM_NON_BLOCKING); r != cuda_driver::CUDA_SUCCESS) return r;
+  try {
+    mine.by_device.emplace_back(device, s);
+  } catch (...) {
+    (void)a.cuStreamDestroy(s);
+    return cuda_driver::CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  out = s;
+  return cuda_driver::CUDA_SUCCESS;
+}
+
+// Driver copies on the calling thread's stream, waited for: the caller (a
+// lane, a TCP I/O thread) moves one chunk per call and needs the bytes in
+// place when it returns.  From pageable memory they also work; from pinned
+// staging memory they run at the copy engine's speed.
 class cuda_copy final : public copy_engine {
  public:
   explicit cuda_copy(int device) : device_(device), name_("cuda:" + std::to_string(device)) {}
   errc to_host(void* dst, std::uint64_t src, std::size_t n) const noexcept override {
     const api& a = api::get();
-    CUresult r = a.use_device(device_);
-    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuMemcpyDtoH(dst, src, n);
-    return check(a, r, "cuMemcpyDtoH", src, n);
+    CUstream s = nullptr;
+    CUresult r = thread_stream(a, device_, s);
+    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuMemcpyDtoHAsync(dst, src, n, s);
+    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuStreamSynchronize(s);
+    return check(a, r, "cuMemcpyDtoHAsync", src, n);
   }
   errc from_host(std::uint64_t dst, const void* src, std::size_t n) const noexcept override {
     const api& a = api::get();
-    CUresult r = a.use_device(device_);
-    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuMemcpyHtoD(dst, src, n);
-    return check(a, r, "cuMemcpyHtoD", dst, n);
+    CUstream s = nullptr;
+    CUresult r = thread_stream(a, device_, s);
+    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuMemcpyHtoDAsync(dst, src, n, s);
+    if (r == cuda_driver::CUDA_SUCCESS) r = a.cuStreamSynchronize(s);
+    return check(a, r, "cuMemcpyHtoDAsync", dst, n);
   }
   bool pin(void* host, std::size_t n) const noexcept override {
     const api& a = api::get();
