@@ -25,6 +25,8 @@
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/detail/drop_stopped.hpp>
+#include <tide/rdma/detail/lane_mail.hpp>
+#include <tide/rdma/detail/lane_thread.hpp>
 #include <tide/rdma/detail/notify_lane.hpp>
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
@@ -34,15 +36,11 @@
 #include <tide/rdma/endpoint_store.hpp>
 #include <tide/verbs/error.hpp>
 
-#include <numa.h>
 #include <pthread.h>
-#include <sched.h>
 
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -55,40 +53,6 @@ namespace tide::rdma {
 
 template <class P>
 class rdma_context;
-
-/// Collects the lanes' answers to a connect message (a setup thread waits,
-/// bounded).  Shared by the waiter and the lanes (shared_ptr), so a waiter
-/// that timed out leaves nothing dangling.
-struct lane_latch {
-  explicit lane_latch(std::size_t n) : remaining(n) {}
-  void arrive(const status& s) {
-    std::lock_guard lock(mu);
-    if (!s && first_error.code == errc::ok) first_error = s.error();
-    if (--remaining == 0) cv.notify_all();
-  }
-  /// Waits until every lane answered or `timeout`.  Setup thread.
-  [[nodiscard]] status wait(std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu);
-    if (!cv.wait_for(lock, timeout, [&] { return remaining == 0; }))
-      return fail(errc::qp_state_error, "lanes did not answer within " + std::to_string(timeout.count()) + " ms");
-    if (first_error.code != errc::ok) return fail(first_error);
-    return {};
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::size_t remaining;
-  error first_error{errc::ok, {}};
-};
-
-/// A control message for one lane.  `ep` was hold()-ed by the sender; the
-/// lane release()s it after handling the message.
-struct lane_message {
-  enum class kind : std::uint8_t { connect, fail_qp, cq_error };
-  kind what = kind::fail_qp;
-  endpoint* ep = nullptr;
-  std::shared_ptr<const peer_route> route;  ///< connect
-  std::shared_ptr<lane_latch> latch;        ///< connect
-};
 
 template <class P>
 class lane final : public detail::notify_sink {
@@ -121,7 +85,7 @@ class lane final : public detail::notify_sink {
     // returns (a test reading /proc/self/task raced the lane's own call).
     pthread_setname_np(thread_.native_handle(), "tide-lane");  // for top -H, perf and taskset -p
     if (!cpus.empty())
-      if (auto r = run_on(thread_.native_handle(), cpus); !r) {
+      if (auto r = detail::run_lane_on(thread_.native_handle(), cpus); !r) {
         stop();
         return r;
       }
@@ -234,31 +198,8 @@ class lane final : public detail::notify_sink {
     }
   }
 
-  // Set from the starting thread, so a refusal is start()'s error; the lane
-  // runs unbound for the moment in between.
-  static status run_on(pthread_t thread, const std::vector<int>& cpus) {
-    const int count = cpus.back() + 1;  // ascending (topology::parse_cpu_list)
-    cpu_set_t* set = CPU_ALLOC(count);
-    if (set == nullptr) return fail(errc::out_of_memory, "lane_cpus: CPU_ALLOC");
-    const std::size_t bytes = CPU_ALLOC_SIZE(count);
-    CPU_ZERO_S(bytes, set);
-    for (int c : cpus) CPU_SET_S(c, bytes, set);
-    const int rc = pthread_setaffinity_np(thread, bytes, set);
-    CPU_FREE(set);
-    if (rc == 0) return {};
-    std::string list;
-    for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
-    return fail(errc::config_invalid, "lane_cpus: the kernel refuses CPUs " + list + " for the lanes (" +
-                                          std::strerror(rc) + "; offline, or outside this process's cpuset?)");
-  }
-
-  static void bind_to_node(int node) noexcept {
-    if (node < 0 || numa_available() < 0) return;
-    if (numa_run_on_node(node) != 0) TIDE_LOG_DEBUG("numa_run_on_node(" << node << ") failed");
-  }
-
   void run(int numa_node) noexcept {
-    bind_to_node(numa_node);
+    detail::bind_lane_to_node(numa_node);
     native_cq_.store(cq_->native_handle(), std::memory_order_release);
     groups_.reserve(16);  // first touch on the lane's node
     posted_.reserve(16);
@@ -620,90 +561,9 @@ class lane final : public detail::notify_sink {
     if (e != nullptr && wc.status != IBV_WC_SUCCESS) ctx_.retire_endpoint_ptr(e);
   }
 
-  // The CQ failed: no completion will come for anything posted on it.  Takes
-  // every slice out of this lane's rings, rebuilds the CQ, fails every
-  // endpoint (each has a QP on the old CQ), and only then hands the slices
-  // back to the transport (completion_queue_error) for another path: in the
-  // other order an endpoint made between the two from the old CQ table
-  // survived with its QP on the abandoned CQ, and a retry could land on it
-  // (post_pending also refuses such a QP).  The
-  // old CQ lives until its QPs are destroyed.
-  void on_cq_error(const char* why) noexcept {
-    TIDE_LOG_WARN(ctx_.name() << ": lane " << index_ << ": completion queue error (" << why
-                              << "): failing its endpoints and rebuilding it");
-    std::vector<handle> eps;
-    eps.swap(posted_);
-    cq_used_ = 0;
-    notify_.on_cq_error();
-    detail::slice* failed = nullptr;
-    detail::slice** link = &failed;
-    for (auto& h : eps) {
-      endpoint& e = *h;
-      e.lane_error(index_);
-      std::size_t n = 0;
-      for (detail::slice* s = e.take_ring(index_); s != nullptr; s = s->next, ++n) {
-        *link = s;
-        link = &s->next;
-      }
-      e.release(n);
-    }
-    if (auto fresh = ctx_.rebuild_cq(index_); fresh) {
-      idle_->detach(cq_->native_handle());
-      cq_ = std::move(*fresh);
-      if (auto r = idle_->attach(cq_->native_handle(), ctx_.channel(index_)); !r)
-        TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": " << r.error().message());
-      cq_capacity_ = static_cast<std::uint32_t>(std::max(1, cq_->capacity()));
-      native_cq_.store(cq_->native_handle(), std::memory_order_release);
-    } else {
-      TIDE_LOG_ERROR(ctx_.name() << ": lane " << index_ << ": cannot rebuild the CQ: " << fresh.error().message());
-    }
-    ctx_.cq_failed(index_);
-    for (detail::slice* s = failed; s != nullptr;) {
-      detail::slice* next = s->next;
-      s->next = nullptr;
-      ctx_.on_slice_failed(*s, errc::completion_queue_error);
-      s = next;
-    }
-    eps.clear();  // after the slices: a drain marker among them lives in its endpoint
-  }
-
-  void drain_on_stop() noexcept {
-    (void)handle_mail();
-    if (detail::slice* chain = queue_.take_all()) enqueue(chain);
-    for (auto& g : groups_) {
-      for (detail::slice* s = g.head; s != nullptr;) {
-        detail::slice* next = s->next;
-        s->next = nullptr;
-        detail::retire_wr(*s, errc::endpoint_closed);
-        s = next;
-      }
-      g = {};
-    }
-    // Completions of WRs still out: bounded wait (the context moved the QPs
-    // to ERR first, so they flush).
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while ((cq_used_ != 0 || notify_.rx_posted() != 0) && std::chrono::steady_clock::now() < until) {
-      (void)handle_mail();
-      if (!undrained_.empty()) (void)retry_drains();
-      if (poll() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    for (endpoint* e : undrained_) e->release();  // their rings are taken below
-    undrained_.clear();
-    for (auto& h : posted_) {
-      std::size_t n = 0;
-      for (detail::slice* s = h->take_ring(index_); s != nullptr;) {
-        detail::slice* next = s->next;
-        s->next = nullptr;
-        ++n;
-        detail::retire_wr(*s, errc::endpoint_closed);
-        s = next;
-      }
-      h->release(n);
-    }
-    posted_.clear();
-    notify_.stop();  // notifications not posted go back (TCP); receives left give their holds up
-    (void)handle_mail();
-  }
+  // Cold paths (detail/lane_teardown.hpp): a failed CQ; the drain on stop.
+  void on_cq_error(const char* why) noexcept;
+  void drain_on_stop() noexcept;
 
   rdma_context<P>& ctx_;
   const std::uint32_t index_;
@@ -737,3 +597,5 @@ class lane final : public detail::notify_sink {
 };
 
 }  // namespace tide::rdma
+
+#include <tide/rdma/detail/lane_teardown.hpp>
