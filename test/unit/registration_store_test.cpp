@@ -299,7 +299,7 @@ TEST_CASE_TEMPLATE("store stopped: every registration waiting for the write fail
   REQUIRE(errors.size() == kWaiters + 1);
   for (const auto& e : errors) {
     CHECK(e.code == errc::metadata_unavailable);
-    CHECK_MESSAGE(e.detail.find("register_memory: the metadata store did not take the descriptor") != std::string::npos,
+    CHECK_MESSAGE(e.detail.find("register_memory: the descriptor was not stored") != std::string::npos,
                   e.message());
     CHECK_MESSAGE(e.detail.find("goes into the next descriptor the store takes") != std::string::npos, e.message());
   }

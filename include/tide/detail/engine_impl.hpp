@@ -237,7 +237,7 @@ status transfer_engine<P>::store_changes(std::string_view what, std::string_view
     auto r = impl_->publisher.commit([this] { return transport_->publish(); });
     if (r) return r;
     const auto& e = r.error();
-    return fail(e.code, std::string(what) + ": the metadata store did not take the descriptor (" +
+    return fail(e.code, std::string(what) + ": the descriptor was not stored (" +
                             (e.detail.empty() ? e.message() : e.detail) + "); " + std::string(after_failure));
   }
 }
