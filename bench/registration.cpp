@@ -6,16 +6,29 @@
 // peer asks, so that is where the N buffers' encode now goes).
 // DEVICE "tcp" runs the engines on TCP alone (no ibv_reg_mr column): the
 // engine's own bookkeeping, on a host without RDMA.
+// --metadata CONNECTION puts the descriptors in a store: "etcd://host:port"
+// (policy::etcd) or "http://host:port/path" (policy::http); by default
+// p2p.  With a store every registration returns once the store holds a
+// descriptor with its buffer, so one caller pays one PUT of the whole
+// descriptor per registration; --threads T registers from T threads at once
+// (thread k takes buffers k, k+T, ...), which share PUTs (group commit).
+// The "puts" column counts the descriptor encodes (with a store: one per PUT)
+// of the one-by-one registrations.
 //   tide-registration DEVICE|tcp [--counts 1,100,10000] [--total-mib 1024] [--secret FILE]
+//                    [--metadata CONNECTION] [--threads T]
 #include <tide/engine.hpp>
+#include <tide/policy/etcd.hpp>
+#include <tide/policy/http.hpp>
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -57,36 +70,66 @@ struct engine_times {
   double reg_ms = -1;    ///< one register_memory per buffer
   double open_ms = -1;   ///< then a peer's first open_segment
   double batch_ms = -1;  ///< one register_memory_batch of them all
+  std::uint64_t puts = 0;  ///< descriptor encodes of the one-by-one registrations
 };
 
-tide::engine_config config_for(const std::string& device, const std::string& secret) {
+struct etcd_policies : tide::default_policies {
+  using metadata = tide::policy::etcd;
+};
+struct http_policies : tide::default_policies {
+  using metadata = tide::policy::http;
+};
+
+struct run_options {
+  std::string device, secret, metadata;
+  std::size_t threads = 1;
+};
+
+tide::engine_config config_for(const run_options& o, const std::string& secret) {
   tide::engine_config cfg;
   cfg.local_server_name = "127.0.0.1";
-  if (device == "tcp")
+  if (o.device == "tcp")
     cfg.transports = "tcp";
   else
-    cfg.devices = {device};
+    cfg.devices = {o.device};
   cfg.auth_secret_file = secret;
+  cfg.metadata = o.metadata;
+  // A descriptor of 10,000 buffers is megabytes per PUT: give the store time.
+  if (!o.metadata.empty()) cfg.metadata_timeout = std::chrono::seconds(60);
   return cfg;
 }
 
-engine_times through_engine(const std::string& device, const std::string& secret, char* base, std::size_t piece,
+template <class P>
+engine_times through_engine(const run_options& o, const std::string& secret, char* base, std::size_t piece,
                             std::size_t count) {
-  auto e = tide::transfer_engine<>::create(config_for(device, secret));
-  auto peer = tide::transfer_engine<>::create(config_for(device, secret));
+  auto e = tide::transfer_engine<P>::create(config_for(o, secret));
+  auto peer = tide::transfer_engine<P>::create(config_for(o, secret));
   if (!e || !peer) {
-    std::fprintf(stderr, "create: %s\n", (!e ? e : peer).error().message().c_str());
+    std::fprintf(stderr, "create: %s\n", (!e ? e.error() : peer.error()).message().c_str());
     return {};
   }
   engine_times t;
+  const std::uint64_t encodes0 = (*e)->descriptor_encodes();
+  std::atomic<bool> failed{false};
   auto t0 = clock_type::now();
-  for (std::size_t i = 0; i < count; ++i) {
-    if (auto r = (*e)->register_memory(base + i * piece, piece, "cpu:0"); !r) {
-      std::fprintf(stderr, "register %zu: %s\n", i, r.error().message().c_str());
-      return t;
+  auto one_by_one = [&](std::size_t first) {
+    for (std::size_t i = first; i < count && !failed.load(std::memory_order_relaxed); i += o.threads) {
+      if (auto r = (*e)->register_memory(base + i * piece, piece, "cpu:0"); !r) {
+        std::fprintf(stderr, "register %zu: %s\n", i, r.error().message().c_str());
+        failed = true;
+      }
     }
+  };
+  if (o.threads <= 1) {
+    one_by_one(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < o.threads; ++k) threads.emplace_back(one_by_one, k);
+    for (auto& th : threads) th.join();
   }
+  if (failed) return t;
   t.reg_ms = ms_since(t0);
+  t.puts = (*e)->descriptor_encodes() - encodes0;
   t0 = clock_type::now();
   auto seg = (*peer)->open_segment((*e)->segment_name());
   if (!seg) {
@@ -119,12 +162,23 @@ engine_times through_engine(const std::string& device, const std::string& secret
 
 }  // namespace
 
+engine_times through_engine(const run_options& o, const std::string& secret, char* base, std::size_t piece,
+                            std::size_t count) {
+  if (o.metadata.rfind("etcd", 0) == 0) return through_engine<etcd_policies>(o, secret, base, piece, count);
+  if (o.metadata.rfind("http", 0) == 0) return through_engine<http_policies>(o, secret, base, piece, count);
+  return through_engine<tide::default_policies>(o, secret, base, piece, count);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: tide-registration DEVICE [--counts 1,100,10000] [--total-mib 1024] [--secret FILE]\n");
+    std::fprintf(stderr,
+                 "usage: tide-registration DEVICE [--counts 1,100,10000] [--total-mib 1024] [--secret FILE] "
+                 "[--metadata etcd://HOST:PORT|http://HOST:PORT/PATH] [--threads T]\n");
     return 2;
   }
-  const std::string device = argv[1];
+  run_options opts;
+  opts.device = argv[1];
+  const std::string& device = opts.device;
   std::vector<std::size_t> counts{1, 100, 10000};
   std::size_t total = std::size_t{1024} << 20;
   std::string secret;
@@ -141,6 +195,13 @@ int main(int argc, char** argv) {
       total = std::stoul(value) << 20;
     } else if (flag == "--secret") {
       secret = value;
+    } else if (flag == "--metadata") {
+      if (value.rfind("etcd://", 0) != 0 && value.rfind("http://", 0) != 0)
+        return std::fprintf(stderr, "--metadata: etcd://HOST:PORT or http://HOST:PORT/PATH, not %s\n", value.c_str()), 2;
+      opts.metadata = value;
+    } else if (flag == "--threads") {
+      opts.threads = std::stoul(value);
+      if (opts.threads == 0) return std::fprintf(stderr, "--threads must be >= 1\n"), 2;
     } else {
       std::fprintf(stderr, "unknown option %s\n", flag.c_str());
       return 2;
@@ -149,21 +210,24 @@ int main(int argc, char** argv) {
   char* base = static_cast<char*>(std::aligned_alloc(4096, total));
   if (base == nullptr) return std::fprintf(stderr, "cannot allocate %zu bytes\n", total), 1;
   std::memset(base, 0, total);  // touched once, so no run pays the first faults
-  std::printf("%-8s %-9s %13s %12s %12s %12s %14s %14s %14s\n", "buffers", "each", "ibv_reg_mr ms", "tide ms",
-              "us/buffer", "batch ms", "first open ms", "+secret ms", "+secret open");
+  std::printf("metadata %s, %zu registering thread(s)\n", opts.metadata.empty() ? "p2p" : opts.metadata.c_str(),
+              opts.threads);
+  std::printf("%-8s %-9s %13s %12s %12s %8s %12s %14s %14s %14s %12s\n", "buffers", "each", "ibv_reg_mr ms", "tide ms",
+              "us/buffer", "puts", "batch ms", "first open ms", "+secret ms", "+secret open", "+secret puts");
   int status = 0;
   for (const std::size_t n : counts) {
     const std::size_t piece = total / n / 4096 * 4096;
     if (piece == 0) return std::fprintf(stderr, "%zu buffers do not fit in %zu bytes\n", n, total), 2;
     const double verbs = verbs_only(device, base, piece, n);
-    const engine_times plain = through_engine(device, "", base, piece, n);
-    const engine_times sealed = secret.empty() ? engine_times{} : through_engine(device, secret, base, piece, n);
+    const engine_times plain = through_engine(opts, "", base, piece, n);
+    const engine_times sealed = secret.empty() ? engine_times{} : through_engine(opts, secret, base, piece, n);
     if (verbs < 0 || plain.reg_ms < 0 || (!secret.empty() && sealed.reg_ms < 0)) status = 1;
     if (plain.batch_ms < 0 || (!secret.empty() && sealed.batch_ms < 0)) status = 1;
-    std::printf("%-8zu %-9s %13.1f %12.1f %12.1f %12.1f %14.1f %14.1f %14.1f\n", n,
+    std::printf("%-8zu %-9s %13.1f %12.1f %12.1f %8llu %12.1f %14.1f %14.1f %14.1f %12llu\n", n,
                 (std::to_string(piece >> 10) + " KiB").c_str(), verbs, plain.reg_ms,
-                plain.reg_ms * 1000 / static_cast<double>(n), plain.batch_ms, plain.open_ms, sealed.reg_ms,
-                sealed.open_ms);
+                plain.reg_ms * 1000 / static_cast<double>(n), static_cast<unsigned long long>(plain.puts),
+                plain.batch_ms, plain.open_ms, sealed.reg_ms, sealed.open_ms,
+                static_cast<unsigned long long>(sealed.puts));
     std::fflush(stdout);
   }
   std::free(base);

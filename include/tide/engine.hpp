@@ -378,8 +378,20 @@ class transfer_engine {
   // ---- memory ----
   /// Registers [addr, addr+len) on every NIC with a location tag ("cpu:N",
   /// "*", "segments:<page>:<n0>,..."), and publishes the descriptor.
+  /// When it returns, a peer that fetches the segment afterwards sees the
+  /// buffer: with p2p metadata this engine serves the current descriptor
+  /// (encoded when a peer asks); with etcd/http the call returns once the
+  /// store holds a descriptor with the buffer.  Registrations (and
+  /// unregistrations) from several threads at once share one store write
+  /// (group commit: one encode and one PUT for all of them); one caller
+  /// registering buffers one at a time still writes the descriptor, all
+  /// its buffers, once per call: use register_memory_batch for many.
   /// Errors: invalid_argument, zero_length, bad_location, already_registered,
   /// resource_exhausted / permission_denied (pinning), metadata errors.
+  /// A store write that fails fails every registration that waited for it
+  /// (metadata_unavailable ...: the detail says the store's error); those
+  /// buffers stay registered here and go into the next write that succeeds.
+  /// A caller waits for at most two store writes, however many wait with it.
   /// `access` says what peers may do: remote_read_write (Mooncake's, the
   /// default), remote_read, remote_write (the MR grants only that, and the
   /// descriptor says so: a peer's tide refuses other ops at submit, the NIC
@@ -527,6 +539,9 @@ class transfer_engine {
   /// metadata that is once per peer request that followed a change, not once
   /// per registration; with etcd/http once per publish.  Any thread.
   [[nodiscard]] std::uint64_t descriptor_encodes() const noexcept;
+  /// etcd/http: registrations and unregistrations waiting to join the next
+  /// store write while one is in flight (they share it).  0 with p2p.  Any thread.
+  [[nodiscard]] std::size_t registrations_waiting() const;
   /// The TCP transport's data port (0: TCP is not installed) and counters
   /// (requests and bytes both ways, connections, the server's refusals).
   [[nodiscard]] std::uint16_t tcp_port() const noexcept;
@@ -553,6 +568,10 @@ class transfer_engine {
   explicit transfer_engine(engine_config cfg);
 
   status publish(const segment_desc& d);
+  // After a (un)registration: p2p marks the descriptor stale; etcd/http
+  // store it, sharing one write with concurrent callers.  `what` and
+  // `after_failure` frame a store error for the caller.
+  status store_changes(std::string_view what, std::string_view after_failure);
   void encode_if_stale();  // p2p: the descriptor a peer asks for, encoded if a publish came since
   status submit_notified(batch_id b, std::span<const transfer_request> requests, const notification& n);
   // The GID a Connection request without one refers to (open, one forced

@@ -3,6 +3,7 @@
 
 #include <tide/detail/handshake_address.hpp>
 #include <tide/detail/log.hpp>
+#include <tide/detail/publish_group.hpp>
 #include <tide/detail/tcp_route.hpp>
 #include <tide/metrics.hpp>
 #include <tide/net/address.hpp>
@@ -54,6 +55,10 @@ struct transfer_engine<P>::impl {
   /// peer asking encodes the transport's current descriptor.
   bool desc_stale = false;
   std::atomic<std::uint64_t> desc_encodes{0};
+  /// etcd/http: the registrations and unregistrations waiting for one store
+  /// write (group commit); a write carries the descriptor as it is when it
+  /// starts, so every change made before its members joined.
+  detail::publish_group publisher;
   explicit impl(notify_limits limits) : inbox(limits) {}
   detail::notify_inbox inbox;
   std::shared_ptr<const wire::cluster_secret> secret;  ///< null: no authentication
@@ -129,6 +134,11 @@ transfer_engine<P>::~transfer_engine() {
 template <class P>
 std::uint64_t transfer_engine<P>::descriptor_encodes() const noexcept {
   return impl_->desc_encodes.load(std::memory_order_relaxed);
+}
+
+template <class P>
+std::size_t transfer_engine<P>::registrations_waiting() const {
+  return impl_->publisher.pending_members();
 }
 
 template <class P>
@@ -216,14 +226,36 @@ void transfer_engine<P>::encode_if_stale() {
 }
 
 template <class P>
+status transfer_engine<P>::store_changes(std::string_view what, std::string_view after_failure) {
+  if constexpr (metadata_served_by_owner<metadata_backend_type>) {
+    // Nothing is written: the publish marks the descriptor stale (publish()).
+    return transport_->publish();
+  } else {
+    // Every change this caller made is in the transport's list before it
+    // joins, so the round's publish (which takes the list when it starts)
+    // stores it; callers at once share the round's one encode and PUT.
+    auto r = impl_->publisher.commit([this] { return transport_->publish(); });
+    if (r) return r;
+    const auto& e = r.error();
+    return fail(e.code, std::string(what) + ": the descriptor was not stored (" +
+                            (e.detail.empty() ? e.message() : e.detail) + "); " + std::string(after_failure));
+  }
+}
+
+template <class P>
 status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::string_view location,
                                            buffer_access access) {
-  return transport_->register_memory(addr, len, location, true, access);
+  if (auto r = transport_->register_memory(addr, len, location, false, access); !r) return r;
+  return store_changes("register_memory",
+                       "the buffer is registered here and goes into the next descriptor the store takes");
 }
 
 template <class P>
 status transfer_engine<P>::unregister_memory(void* addr, in_flight mode) {
-  return transport_->unregister_memory(addr, true, mode);
+  if (auto r = transport_->unregister_memory(addr, false, mode); !r) return r;
+  return store_changes("unregister_memory",
+                       "the buffer is unregistered here; peers may read it in the stored descriptor until the next "
+                       "one the store takes");
 }
 
 template <class P>
@@ -233,11 +265,12 @@ status transfer_engine<P>::register_memory_batch(std::span<const buffer_entry> b
                                           buffers[i].access);
         !r) {
       for (std::size_t j = 0; j < i; ++j) (void)transport_->unregister_memory(buffers[j].addr, false);
-      (void)transport_->publish();  // deregisters the rolled-back MRs
+      (void)store_changes("register_memory_batch", "");  // deregisters the rolled-back MRs
       return fail(r.error().code, "buffer " + std::to_string(i) + ": " + r.error().detail);
     }
   }
-  return transport_->publish();
+  return store_changes("register_memory_batch",
+                       "the buffers are registered here and go into the next descriptor the store takes");
 }
 
 template <class P>
@@ -245,7 +278,11 @@ status transfer_engine<P>::unregister_memory_batch(std::span<void* const> addrs)
   status first{};
   for (void* a : addrs)
     if (auto r = transport_->unregister_memory(a, false); !r && first) first = r;
-  if (auto r = transport_->publish(); !r && first) first = r;
+  if (auto r = store_changes("unregister_memory_batch",
+                             "the buffers are unregistered here; peers may read them in the stored descriptor until "
+                             "the next one the store takes");
+      !r && first)
+    first = r;
   return first;
 }
 

@@ -1,0 +1,225 @@
+// Group commit of descriptor publishes (detail/publish_group.hpp, issue 36
+// item 3): callers that arrive while a publish is in flight share the next
+// one; its status reaches each of them; what it stores covers every change
+// its members made before they joined; publishes never overlap.  Waits are
+// on the group's own state (pending_members), never on a sleep.  Runs under
+// TSan in tools/sanitize.
+#include <tide/detail/publish_group.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using tide::errc;
+using tide::status;
+using tide::detail::publish_group;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Spins (yielding) until `ready()`; false when `limit` passes first, a
+// safety net so that a broken group fails the test instead of hanging it.
+template <class F>
+bool wait_until(F ready, std::chrono::seconds limit = 60s) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// A store that records, per publish, how many changes existed when it began.
+struct fake_store {
+  std::mutex mu;
+  std::size_t changes = 0;        ///< under mu: changes made by callers
+  std::size_t stored = 0;         ///< under mu: changes covered by the last publish that succeeded
+  std::atomic<int> publishes{0};
+  std::atomic<int> in_flight{0};  ///< > 1 would be overlapping publishes
+  std::atomic<bool> overlapped{false};
+
+  std::size_t change() {
+    std::lock_guard lock(mu);
+    return changes++;  // this caller's change, numbered from 0
+  }
+  // A publish: snapshot, then `body` (the slow part, the PUT), then store.
+  template <class Body>
+  status publish(Body body) {
+    if (in_flight.fetch_add(1) != 0) overlapped = true;
+    ++publishes;
+    std::size_t snapshot = 0;
+    {
+      std::lock_guard lock(mu);
+      snapshot = changes;
+    }
+    status r = body();
+    if (r) {
+      std::lock_guard lock(mu);
+      if (snapshot > stored) stored = snapshot;
+    }
+    in_flight.fetch_sub(1);
+    return r;
+  }
+  bool covered(std::size_t change_no) {
+    std::lock_guard lock(mu);
+    return change_no < stored;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("publish_group: callers arriving during a publish share the next one, and each sees its change stored") {
+  publish_group g;
+  fake_store store;
+  constexpr std::size_t kWaiters = 8;
+  std::atomic<bool> first_started{false};
+  // The first caller's publish holds until all the others wait in the next round.
+  std::thread first([&] {
+    const std::size_t mine = store.change();
+    auto r = g.commit([&] {
+      return store.publish([&]() -> status {
+        first_started = true;
+        if (!wait_until([&] { return g.pending_members() == kWaiters; }))
+          return tide::fail(errc::timed_out, "the waiters never joined");
+        return {};
+      });
+    });
+    CHECK(r.has_value());
+    CHECK(store.covered(mine));
+  });
+  REQUIRE(wait_until([&] { return first_started.load(); }));
+  std::vector<std::thread> waiters;
+  std::atomic<int> ok{0};
+  for (std::size_t i = 0; i < kWaiters; ++i)
+    waiters.emplace_back([&] {
+      const std::size_t mine = store.change();
+      auto r = g.commit([&] { return store.publish([]() -> status { return {}; }); });
+      if (r && store.covered(mine)) ++ok;
+    });
+  first.join();
+  for (auto& t : waiters) t.join();
+  CHECK(ok.load() == static_cast<int>(kWaiters));
+  CHECK(store.publishes.load() == 2);  // the first caller's, then one for all eight
+  CHECK(g.rounds() == 2);
+  CHECK(g.commits() == kWaiters + 1);
+  CHECK(g.pending_members() == 0);
+  CHECK_FALSE(store.overlapped.load());
+}
+
+TEST_CASE("publish_group: a failed publish fails every member of its round, with its error; the next round runs anew") {
+  publish_group g;
+  fake_store store;
+  constexpr std::size_t kWaiters = 6;
+  std::atomic<bool> first_started{false};
+  std::thread first([&] {
+    (void)store.change();
+    auto r = g.commit([&] {
+      return store.publish([&]() -> status {
+        first_started = true;
+        if (!wait_until([&] { return g.pending_members() == kWaiters; }))
+          return tide::fail(errc::timed_out, "the waiters never joined");
+        return {};
+      });
+    });
+    CHECK(r.has_value());
+  });
+  REQUIRE(wait_until([&] { return first_started.load(); }));
+  std::vector<std::thread> waiters;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  for (std::size_t i = 0; i < kWaiters; ++i)
+    waiters.emplace_back([&] {
+      (void)store.change();
+      auto r = g.commit([&] {
+        return store.publish([]() -> status { return tide::fail(errc::metadata_unavailable, "store down"); });
+      });
+      std::lock_guard lock(mu);
+      errors.push_back(r ? "ok" : r.error().message());
+    });
+  first.join();
+  for (auto& t : waiters) t.join();
+  REQUIRE(errors.size() == kWaiters);
+  for (const auto& e : errors) CHECK(e == "metadata_unavailable: store down");
+  CHECK(store.publishes.load() == 2);  // not one retry per waiter
+  // The store is back: the next caller's round publishes and covers every change.
+  const std::size_t last = store.change();
+  CHECK(g.commit([&] { return store.publish([]() -> status { return {}; }); }).has_value());
+  CHECK(store.covered(last));
+  CHECK(store.covered(kWaiters));
+  CHECK(store.publishes.load() == 3);
+}
+
+TEST_CASE("publish_group: a publish that throws rethrows to its runner and fails the other members of its round") {
+  publish_group g;
+  std::atomic<bool> first_started{false};
+  // Round 1 holds until two callers wait in round 2; whichever of them runs
+  // round 2 throws, the other must get an error, not wait forever.
+  std::thread first([&] {
+    auto r = g.commit([&]() -> status {
+      first_started = true;
+      if (!wait_until([&] { return g.pending_members() == 2; })) return tide::fail(errc::timed_out, "never joined");
+      return {};
+    });
+    CHECK(r.has_value());
+  });
+  REQUIRE(wait_until([&] { return first_started.load(); }));
+  std::atomic<int> thrown{0}, failed{0};
+  auto member = [&] {
+    try {
+      auto r = g.commit([]() -> status { throw std::runtime_error("boom"); });
+      if (!r && r.error().code == errc::metadata_unavailable) ++failed;
+    } catch (const std::runtime_error&) {
+      ++thrown;
+    }
+  };
+  std::thread b(member), c(member);
+  first.join();
+  b.join();
+  c.join();
+  CHECK(thrown.load() == 1);
+  CHECK(failed.load() == 1);
+  // Nothing is left in flight: a later commit runs its own publish.
+  CHECK(g.commit([]() -> status { return {}; }).has_value());
+  CHECK(g.rounds() == 3);
+}
+
+TEST_CASE("publish_group stress: many threads, failing and succeeding rounds; a success always covers the caller's change") {
+  publish_group g;
+  fake_store store;
+  constexpr int kThreads = 8, kEach = 300;
+  std::atomic<int> round_no{0};
+  std::atomic<int> uncovered{0}, succeeded{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        const std::size_t mine = store.change();
+        auto r = g.commit([&] {
+          return store.publish([&]() -> status {
+            if (round_no.fetch_add(1) % 5 == 4) return tide::fail(errc::metadata_unavailable, "every fifth fails");
+            return {};
+          });
+        });
+        if (r) {
+          ++succeeded;
+          if (!store.covered(mine)) ++uncovered;
+        } else {
+          ++failed;
+          CHECK(r.error().code == errc::metadata_unavailable);
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(uncovered.load() == 0);
+  CHECK(succeeded.load() + failed.load() == kThreads * kEach);
+  CHECK_FALSE(store.overlapped.load());
+  CHECK(g.commits() == static_cast<std::uint64_t>(kThreads * kEach));
+  CHECK(g.rounds() == static_cast<std::uint64_t>(store.publishes.load()));
+  MESSAGE((kThreads * kEach) << " commits shared " << g.rounds() << " publishes");
+}
