@@ -126,27 +126,34 @@ class stage_pool {
   // Allocates and registers the chunks on the first staged slice: a lane
   // that never stages costs nothing.  Pinned by the first engine that pins.
   bool ensure(const verbs::protection_domain& pd, const memory::copy_engine& e) noexcept {
-    if (!mr_ && why_broken_.empty()) {
+    if (!mr_ && !broken_) {
+      broken_ = true;  // until every step below succeeded
       const std::size_t bytes = chunk_size_ * count_;
-      memory_.reset(new (std::nothrow) std::byte[bytes]);
-      if (!memory_) {
-        why_broken_ = "cannot allocate " + std::to_string(bytes) + " bytes of stage chunks";
-        return false;
-      }
-      auto mr = verbs::memory_region::register_memory(pd, memory_.get(), bytes, IBV_ACCESS_LOCAL_WRITE);
-      if (!mr) {
-        why_broken_ = "cannot register the stage chunks: " + mr.error().message();
+      try {
+        memory_.reset(new (std::nothrow) std::byte[bytes]);
+        if (!memory_) {
+          why_broken_ = "cannot allocate " + std::to_string(bytes) + " bytes of stage chunks";
+          return false;
+        }
+        auto mr = verbs::memory_region::register_memory(pd, memory_.get(), bytes, IBV_ACCESS_LOCAL_WRITE);
+        if (!mr) {
+          why_broken_ = "cannot register the stage chunks: " + mr.error().message();
+          memory_.reset();
+          return false;
+        }
+        chunks_.resize(count_);
+        mr_.emplace(std::move(*mr));
+      } catch (...) {  // a string or the chunk table: out of memory
         memory_.reset();
         return false;
       }
-      mr_.emplace(std::move(*mr));
-      chunks_.resize(count_);
       for (std::size_t i = count_; i-- > 0;) {
         chunks_[i].data = memory_.get() + i * chunk_size_;
         chunks_[i].pool = this;
         chunks_[i].next_free = free_;
         free_ = &chunks_[i];
       }
+      broken_ = false;
     }
     if (!mr_) return false;
     if (pinned_by_ == nullptr && tried_ != &e) {
@@ -155,6 +162,7 @@ class stage_pool {
     }
     return true;
   }
+
   stage_chunk* take() noexcept {
     stage_chunk* c = free_;
     if (c != nullptr) {
@@ -170,7 +178,8 @@ class stage_pool {
   std::optional<verbs::memory_region> mr_;
   std::vector<stage_chunk> chunks_;
   stage_chunk* free_ = nullptr;
-  std::string why_broken_;  ///< set once when the chunks cannot be made
+  bool broken_ = false;     ///< the chunks cannot be made (tried once)
+  std::string why_broken_;  ///< why, where it could be said
   bool warned_ = false;     ///< a refusal was logged
   const memory::copy_engine* pinned_by_ = nullptr;
   const memory::copy_engine* tried_ = nullptr;
