@@ -71,33 +71,21 @@ TEST_CASE("memory no NIC registers goes over TCP, staged, both ways; the rest st
   CHECK((*desc)->buffers[0].tcp_only);
   CHECK((*desc)->buffers[0].rkey == std::vector<std::uint32_t>((*desc)->devices.size(), 0));
 
-  auto via = [](auto& e, const transfer_request& r) {
-    auto batch = e.allocate_batch(1);
-    REQUIRE(batch);
-    REQUIRE(e.submit(*batch, {&r, 1}));
-    REQUIRE(e.wait(*batch, 60s));
-    auto st = e.status_of(*batch, 0);
-    auto tel = e.task_telemetry(*batch, 0);
-    REQUIRE(st);
-    REQUIRE(tel);
-    CHECK(st->state == tide::transfer_state::completed);
-    REQUIRE(e.free_batch(*batch));
-    return tel->transports;
-  };
+  using tide::test::run_via;
   // From a's buffer (local, no NIC) to b: TCP.
   auto seg_b = a->open_segment(b->segment_name());
   REQUIRE(seg_b);
   tide::test::fill(a_buf.data, kSize, 1);
-  CHECK(via(*a, transfer_request::in_buffer(transfer_op::write, a_buf.data, *seg_b, 0, 0, kSize)) ==
+  CHECK(run_via(*a, transfer_request::in_buffer(transfer_op::write, a_buf.data, *seg_b, 0, 0, kSize)) ==
         transfer_telemetry::kViaTcp);
   CHECK(std::memcmp(a_buf.data, b_buf.data, kSize) == 0);
   // Into and out of a's buffer (remote, no NIC) from b: TCP.
   tide::test::fill(b_buf.data, kSize, 2);
-  CHECK(via(*b, transfer_request::in_buffer(transfer_op::write, b_buf.data, *seg_a, 0, 0, kSize)) ==
+  CHECK(run_via(*b, transfer_request::in_buffer(transfer_op::write, b_buf.data, *seg_a, 0, 0, kSize)) ==
         transfer_telemetry::kViaTcp);
   CHECK(std::memcmp(a_buf.data, b_buf.data, kSize) == 0);
   std::memset(b_buf.data, 0, kSize);
-  CHECK(via(*b, transfer_request::in_buffer(transfer_op::read, b_buf.data, *seg_a, 0, 0, kSize)) ==
+  CHECK(run_via(*b, transfer_request::in_buffer(transfer_op::read, b_buf.data, *seg_a, 0, 0, kSize)) ==
         transfer_telemetry::kViaTcp);
   CHECK(std::memcmp(a_buf.data, b_buf.data, kSize) == 0);
   CHECK(a->tcp_stats().bytes_staged == 3 * kSize);  // a's side of all three
@@ -105,7 +93,7 @@ TEST_CASE("memory no NIC registers goes over TCP, staged, both ways; the rest st
   auto seg_b_from_c = c->open_segment(b->segment_name());
   REQUIRE(seg_b_from_c);
   tide::test::fill(c_buf.data, kSize, 3);
-  CHECK(via(*c, transfer_request::in_buffer(transfer_op::write, c_buf.data, *seg_b_from_c, 0, 0, kSize)) ==
+  CHECK(run_via(*c, transfer_request::in_buffer(transfer_op::write, c_buf.data, *seg_b_from_c, 0, 0, kSize)) ==
         transfer_telemetry::kViaRdma);
   CHECK(std::memcmp(c_buf.data, b_buf.data, kSize) == 0);
 }

@@ -88,6 +88,23 @@ status run_one(Engine& e, const transfer_request& r, std::chrono::milliseconds t
   return {};
 }
 
+/// One request in its own batch that must COMPLETE; returns the transports
+/// that carried it (transfer_telemetry::kViaRdma, kViaTcp).
+template <class Engine>
+std::uint8_t run_via(Engine& e, const transfer_request& r) {
+  auto batch = e.allocate_batch(1);
+  REQUIRE(batch);
+  REQUIRE(e.submit(*batch, {&r, 1}));
+  REQUIRE(e.wait(*batch, 60s));
+  auto st = e.status_of(*batch, 0);
+  auto tel = e.task_telemetry(*batch, 0);
+  REQUIRE(st);
+  REQUIRE(tel);
+  CHECK_MESSAGE(st->state == transfer_state::completed, to_string(st->reason));
+  REQUIRE(e.free_batch(*batch));
+  return tel->transports;
+}
+
 /// What shutdown_under_traffic saw.
 struct teardown_outcome {
   std::chrono::milliseconds took{0};  ///< transport().shutdown()

@@ -23,6 +23,7 @@ namespace {
 using tide::transfer_op;
 using tide::transfer_request;
 using tide::transfer_telemetry;
+using tide::test::run_via;
 using namespace std::chrono_literals;
 
 constexpr std::size_t kChunk = 64 << 10;
@@ -39,21 +40,6 @@ std::uint64_t staged_bytes(const tide::transfer_engine<>& e) {
   std::uint64_t n = 0;
   for (const auto& nic : e.stats().nics) n += nic.staged_bytes;
   return n;
-}
-
-// One request in its own batch: COMPLETED, and the transport that carried it.
-std::uint8_t run_via(tide::transfer_engine<>& e, const transfer_request& r) {
-  auto batch = e.allocate_batch(1);
-  REQUIRE(batch);
-  REQUIRE(e.submit(*batch, {&r, 1}));
-  REQUIRE(e.wait(*batch, 60s));
-  auto st = e.status_of(*batch, 0);
-  auto tel = e.task_telemetry(*batch, 0);
-  REQUIRE(st);
-  REQUIRE(tel);
-  CHECK_MESSAGE(st->state == tide::transfer_state::completed, tide::to_string(st->reason));
-  REQUIRE(e.free_batch(*batch));
-  return tel->transports;
 }
 
 }  // namespace

@@ -18,15 +18,12 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
-#include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 
 using namespace tide;
 using namespace std::chrono_literals;
 using tide::test::elapsed_ms;
 using clock_type = std::chrono::steady_clock;
-using tide::test::etcd_binary;
 using tide::test::etcd_cluster;
 
 namespace {
@@ -223,13 +220,4 @@ TEST_CASE("etcd: a Mooncake peer's rpc_meta gives its handshake address (exact v
   CHECK(plain->port == 16001);
 }
 
-int main(int argc, char** argv) {
-  const std::string etcd = etcd_binary();
-  if (::access(etcd.c_str(), X_OK) != 0) {
-    std::printf("SKIP: no etcd binary at %s (install Debian's etcd-server, or set TIDE_ETCD)\n", etcd.c_str());
-    return 77;
-  }
-  doctest::Context ctx;
-  ctx.applyCommandLine(argc, argv);
-  return ctx.run();
-}
+int main(int argc, char** argv) { return tide::test::run_if_etcd(argc, argv); }

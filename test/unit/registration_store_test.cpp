@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -313,13 +312,4 @@ TEST_CASE_TEMPLATE("store stopped: every registration waiting for the write fail
   CHECK(peer.buffers(owner->segment_name()) == kWaiters + 2);
 }
 
-int main(int argc, char** argv) {
-  const std::string etcd = tide::test::etcd_binary();
-  if (::access(etcd.c_str(), X_OK) != 0) {
-    std::printf("SKIP: no etcd binary at %s (install Debian's etcd-server, or set TIDE_ETCD)\n", etcd.c_str());
-    return 77;
-  }
-  doctest::Context ctx;
-  ctx.applyCommandLine(argc, argv);
-  return ctx.run();
-}
+int main(int argc, char** argv) { return tide::test::run_if_etcd(argc, argv); }

@@ -12,10 +12,13 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace tide::test {
 
@@ -24,6 +27,19 @@ using namespace std::chrono_literals;
 inline std::string etcd_binary() {
   const char* p = std::getenv("TIDE_ETCD");
   return p && *p ? p : "/usr/bin/etcd";
+}
+
+/// A suite's main: runs doctest, or exits 77 (meson: skipped) saying why
+/// where no etcd binary is installed.
+inline int run_if_etcd(int argc, char** argv) {
+  const std::string etcd = etcd_binary();
+  if (::access(etcd.c_str(), X_OK) != 0) {
+    std::printf("SKIP: no etcd binary at %s (install Debian's etcd-server, or set TIDE_ETCD)\n", etcd.c_str());
+    return 77;
+  }
+  doctest::Context ctx;
+  ctx.applyCommandLine(argc, argv);
+  return ctx.run();
 }
 
 // A cluster of `n` etcd members on loopback; member i listens for clients on
