@@ -454,7 +454,13 @@ class transfer_engine {
   /// Between tide peers that both advertise it (notify_rdma_credits) it is
   /// one SEND on QP 0 of an endpoint to the target, within the receive
   /// credits the target posted (outbox_stats().sent_rdma; a refusal by the
-  /// target's inbox is then counted at the target only).  Otherwise, and
+  /// target's inbox is then counted at the target only).  A submit that is
+  /// one RDMA WRITE work request sends it right behind that WRITE on the
+  /// same QP (outbox_stats().sent_with_data), so the target may read it
+  /// before this side sees COMPLETED, never before the bytes; a WRITE that
+  /// fails takes it down, but if such a submit is canceled or times out
+  /// after its WRITE went out and the bytes land anyway, it arrives too.
+  /// Otherwise, and
   /// when no credit comes within 50 ms or the endpoint is not connected, it
   /// is Mooncake's notify message to the target's handshake port after the
   /// data (so Mooncake peers take it too; sent_tcp); a refusal by the

@@ -15,7 +15,10 @@
 // (notify_rdma_credits): the 1000-batch case asserts that nearly all did
 // (outbox_stats().sent_rdma); a burst past the credits loses and doubles
 // nothing; a peer that does not advertise gets TCP notifications; engines
-// torn down with notifications in flight neither crash nor hang.
+// torn down with notifications in flight neither crash nor hang.  A lone
+// WRITE's notification rides right behind it on QP 0 (outbox_stats().
+// sent_with_data): read before the initiator's wait, its bytes are there;
+// a lone WRITE that fails flushes it, and nothing arrives.
 // Against a hand-made peer (raw_peer.hpp): credits owed to a peer whose
 // ready ack is still due go out at once; a peer that advertises credits and
 // posts no receives cannot wedge QP 0 (the tasks end, the notification goes
@@ -545,6 +548,85 @@ TEST_CASE("a burst of notifications past the credits, read late: none lost, none
   CHECK(b->notification_stats().queued == kBurst);  // within the inbox bound (4096)
   CHECK(read_burst(*b, src, dst, kBurst, kSize, "burst ", 30s) == kBurst);
   CHECK(b->notification_stats().accepted == kBurst);
+}
+
+TEST_CASE("a lone WRITE's notification rides behind it: read with its bytes there, once; a lone WRITE that fails takes it down") {
+  const auto [side_a, side_b] = sides();
+  auto a = tide::test::make_engine(config(side_a));
+  auto b = tide::test::make_engine(config(side_b));
+  constexpr std::size_t kWrites = 200, kSlot = 4096;
+  buffer src(kWrites * kSlot), dst(kWrites * kSlot);
+  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+  const auto seg = a->open_segment(b->segment_name()).value();
+  const auto dst_id = b->buffer_id(dst.data).value();
+  auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
+  REQUIRE(tide::test::run_one(*a, warm));  // the endpoint up: a notification while it connects goes over TCP
+
+  std::mt19937_64 rng(36);
+  std::size_t bad_bytes = 0, wrong = 0;
+  for (std::size_t k = 0; k < kWrites; ++k) {
+    const std::size_t len = k == 0 ? 1 : 1 + rng() % kSlot;
+    tide::test::fill(src.data + k * kSlot, len, rng());
+    const auto r = transfer_request::in_buffer(transfer_op::write, src.data + k * kSlot, seg, dst_id, k * kSlot, len);
+    auto batch = a->allocate_batch(1).value();
+    REQUIRE(a->submit(batch, {&r, 1}, tide::notification{"", message_for(k)}));
+    // Read before the initiator waits: the message may come before its
+    // completion does, never before the bytes.
+    const auto got = first_notifies(*b);
+    REQUIRE(got.size() == 1);
+    if (got[0].notify_msg != message_for(k)) ++wrong;
+    if (std::memcmp(src.data + k * kSlot, dst.data + k * kSlot, len) != 0) ++bad_bytes;
+    REQUIRE(a->wait(batch, 60s));
+    CHECK(a->batch_status(batch)->state == transfer_state::completed);
+    REQUIRE(a->free_batch(batch));
+  }
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  auto out = a->outbox_stats();
+  MESSAGE("outbox: " << out.sent << " sent (" << out.sent_rdma << " RDMA, " << out.sent_with_data
+                     << " behind their WRITE, " << out.sent_tcp << " TCP)");
+  CHECK(wrong == 0);
+  CHECK(bad_bytes == 0);
+  CHECK(out.sent == kWrites);
+  // Credits come back every four messages, so riding never waits for one:
+  // only a SEND posted in the moment a credit message is still on its way goes the usual way.
+  CHECK_MESSAGE(out.sent_with_data * 10 >= kWrites * 9, out.sent_with_data << " of " << kWrites << " rode");
+  CHECK(b->notification_stats().duplicates == 0);
+  CHECK(b->take_notifies().empty());
+
+  // A lone WRITE into a buffer the target took away: the WRITE fails, the
+  // SEND behind it is flushed with the QP, and nothing arrives.
+  buffer doomed(4096);
+  REQUIRE(b->register_memory(doomed.data, doomed.size, "cpu:0"));
+  const auto doomed_id = b->buffer_id(doomed.data).value();
+  auto prime = transfer_request::in_buffer(transfer_op::write, src.data, seg, doomed_id, 0, 64);
+  REQUIRE(tide::test::run_one(*a, prime));  // a's view of b holds the buffer
+  REQUIRE(b->unregister_memory(doomed.data));
+  const auto before = a->outbox_stats();
+  auto fails = transfer_request::in_buffer(transfer_op::write, src.data, seg, doomed_id, 0, 64);
+  auto batch = a->allocate_batch(1).value();
+  REQUIRE(a->submit(batch, {&fails, 1}, tide::notification{"", "doomed"}));
+  REQUIRE(a->wait(batch, 60s));
+  CHECK(a->batch_status(batch)->state == transfer_state::failed);
+  REQUIRE(a->free_batch(batch));
+  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until + 30s)
+    std::this_thread::sleep_for(1ms);
+  out = a->outbox_stats();
+  CHECK(out.dropped_failed == before.dropped_failed + 1);
+  CHECK(out.sent == before.sent);
+  std::this_thread::sleep_for(200ms);
+  CHECK(b->take_notifies().empty());
+
+  // And the next one arrives, over the endpoint that replaced the failed one.
+  auto again = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 4096);
+  batch = a->allocate_batch(1).value();
+  REQUIRE(a->submit(batch, {&again, 1}, tide::notification{"", "again"}));
+  const auto got = first_notifies(*b);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].notify_msg == "again");
+  REQUIRE(a->wait(batch, 60s));
+  REQUIRE(a->free_batch(batch));
 }
 
 TEST_CASE("a peer that does not advertise RDMA notifications gets them over TCP, either way round") {

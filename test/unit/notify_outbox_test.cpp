@@ -289,6 +289,122 @@ TEST_CASE("a SEND the target took but whose completion teardown flushed, sent ag
   CHECK(target.stats().accepted == 2);
 }
 
+TEST_CASE("notify_outbox: a SEND the lane saw complete is counted and freed on that lane, nothing over TCP") {
+  fake_peer peer;
+  detail::notify_outbox out(peer.fn());
+  fake_lane lane;
+  batch_state b(1);
+  auto item = out.make("peer:1", notify_desc{"me", "kv"}, 1);
+  item->sink = &lane;
+  submit(b, 0, 1, 1, item.get());
+  (void)item.release();
+  rdma::detail::retire_slice(b.tasks[0].slices[0], errc::ok);
+  REQUIRE(lane.taken.size() == 1);
+  lane.taken[0]->sent(true);
+  // Settled before sent() returns: no dispatcher thread to wake while the
+  // target's reader wants a CPU (issue 36, item 4).
+  const auto s = out.stats();
+  CHECK(s.pending == 0);
+  CHECK(s.sent_rdma == 1);
+  CHECK(s.sent == 1);
+  CHECK(s.rdma_fallbacks == 0);
+  out.stop();
+  CHECK(peer.count() == 0);
+}
+
+namespace {
+
+// An item whose SEND lane 0 posted behind its one WRITE (notify_lane.hpp's
+// ride): submitted with one one-slice task, `rides` set as the lane sets it.
+detail::notify_outbox::item* riding(detail::notify_outbox& out, batch_state& b, std::size_t task, fake_lane& lane) {
+  auto item = out.make("peer:1", notify_desc{"me", "kv " + std::to_string(task)}, 1);
+  item->sink = &lane;
+  item->message = item.get();
+  submit(b, task, 1, 1, item.get());
+  item->rides.store(true);
+  return item.release();
+}
+
+}  // namespace
+
+TEST_CASE("a notification riding behind its WRITE settles once both its task and its SEND are done, in either order") {
+  fake_peer peer;
+  detail::notify_outbox out(peer.fn());
+  fake_lane lane;
+  batch_state b(5);
+  auto task_ends = [&](std::size_t k, errc e) { rdma::detail::retire_slice(b.tasks[k].slices[0], e); };
+
+  // Task first, then the SEND's completion: nothing moves until the second.
+  auto* n0 = riding(out, b, 0, lane);
+  task_ends(0, errc::ok);
+  CHECK(out.stats().pending == 1);
+  n0->sent(true);
+  // The SEND first, then the task.
+  auto* n1 = riding(out, b, 1, lane);
+  n1->sent(true);
+  CHECK(out.stats().pending == 1);
+  task_ends(1, errc::ok);
+  CHECK(out.stats().pending == 0);
+  CHECK(out.stats().sent_rdma == 2);
+  CHECK(out.stats().sent_with_data == 2);
+  CHECK(lane.taken.empty());  // never sent a second time
+
+  // Flushed (the WRITE failed and was retried elsewhere), then the task
+  // completed: the usual path, to the lane picked at submit.
+  auto* n2 = riding(out, b, 2, lane);
+  n2->sent(false);
+  task_ends(2, errc::ok);
+  REQUIRE(lane.taken.size() == 1);
+  CHECK(lane.taken[0] == n2);
+  n2->sent(true);
+  CHECK(out.stats().sent_rdma == 3);
+  CHECK(out.stats().sent_with_data == 2);
+
+  // Flushed and the task failed: dropped, counted.
+  auto* n3 = riding(out, b, 3, lane);
+  task_ends(3, errc::remote_access_error);
+  n3->sent(false);
+  REQUIRE(eventually([&] { return out.stats().dropped_failed == 1; }));
+
+  // Delivered, but the task ended canceled after its post: the SEND went
+  // behind the bytes, so it counts as sent.
+  auto* n4 = riding(out, b, 4, lane);
+  task_ends(4, errc::canceled);
+  n4->sent(true);
+  CHECK(out.stats().sent_with_data == 3);
+  REQUIRE(eventually([&] { return out.stats().pending == 0; }));
+  CHECK(lane.taken.size() == 1);
+  out.stop();
+  CHECK(peer.count() == 0);
+}
+
+TEST_CASE("riding notifications: the task's end and the SEND's completion race on two threads, each settles once") {
+  fake_peer peer;
+  constexpr std::size_t kItems = 2000;
+  detail::notify_outbox out(peer.fn());
+  fake_lane lane;
+  batch_state b(kItems);
+  std::vector<detail::notify_outbox::item*> items;
+  for (std::size_t k = 0; k < kItems; ++k) items.push_back(riding(out, b, k, lane));
+  // Every third SEND flushed: that item goes on to the lane once its task is done.
+  std::thread tasks([&] {
+    for (std::size_t k = 0; k < kItems; ++k) rdma::detail::retire_slice(b.tasks[k].slices[0], errc::ok);
+  });
+  std::thread sends([&] {
+    for (std::size_t k = 0; k < kItems; ++k) items[k]->sent(k % 3 != 0);
+  });
+  tasks.join();
+  sends.join();
+  const std::size_t flushed = (kItems + 2) / 3;
+  REQUIRE(lane.taken.size() == flushed);
+  for (auto* n : lane.taken) n->sent(true);
+  CHECK(out.stats().pending == 0);
+  CHECK(out.stats().sent_rdma == kItems);
+  CHECK(out.stats().sent_with_data == kItems - flushed);
+  out.stop();
+  CHECK(peer.count() == 0);
+}
+
 TEST_CASE("notify_outbox: each notification gets its own id under the outbox's origin; two outboxes differ") {
   fake_peer w;
   detail::notify_outbox out(w.fn());

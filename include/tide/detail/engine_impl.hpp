@@ -363,6 +363,7 @@ status transfer_engine<P>::submit_notified(batch_id b, std::span<const transfer_
   auto item = impl_->outbox->make(std::move(*segment), notify_desc{n.name.empty() ? name_ : n.name, n.message},
                                   requests.size(), target);
   if (impl_->outbox->rdma_on()) item->sink = transport_->notify_lane_for(target, item.get());
+  if (item->sink != nullptr) item->message = item.get();  // may ride behind a lone WRITE (rdma/detail/batch.hpp)
   if (auto st = transport_->submit(b, requests, item.get()); !st) {
     impl_->outbox->discard(std::move(item));
     return st;

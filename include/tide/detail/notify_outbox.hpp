@@ -37,11 +37,16 @@
 // retires the last task hands it there directly; otherwise, with an rdma
 // function set, the dispatcher offers the ready item to the transport,
 // which picks such a lane then.  The lane owns it until notify_send::sent(),
-// which queues it here again: delivered -> counted (sent_rdma), else (no credit in time, QP
-// error, teardown) it goes over TCP as before (rdma_fallbacks).  A SEND whose
-// QP failed after the target took it but before its ack came back is sent
-// again over TCP; each item carries a notify_id (this outbox's random origin,
-// a sequence number) on both paths, and the target's inbox drops the copy.
+// which counts a delivered one (sent_rdma) on the lane and queues any other
+// here again (no credit in time, QP error, teardown): it goes over TCP as
+// before (rdma_fallbacks).  A submit that is one WRITE offers its item to
+// ride behind it (task_group::message): lane 0 may post the SEND right after
+// the WRITE, and the item settles once both its tasks and that SEND are
+// done (rdma/detail/batch.hpp, notify_send; counted in sent_with_data).  A
+// SEND whose QP failed after the target took it but before its ack came
+// back is sent again over TCP; each item carries a notify_id (this outbox's
+// random origin, a sequence number) on both paths, and the target's inbox
+// drops the copy.
 //
 // Thread safety: make(), rdma_on() and stats() any thread; done() the retiring lane;
 // sent() lane 0 of a context; set_rdma()/disable_rdma() the owner (the rdma
@@ -82,6 +87,9 @@ struct notify_outbox_stats {
   std::uint64_t sent = 0;
   std::uint64_t sent_rdma = 0;  ///< of sent: as a SEND on an endpoint's QP 0
   std::uint64_t sent_tcp = 0;   ///< of sent: Mooncake's notify message on the handshake port
+  /// Of sent_rdma: posted right behind the submit's one WRITE, on its QP,
+  /// instead of after the initiator saw it complete.
+  std::uint64_t sent_with_data = 0;
   /// Handed to a lane but sent over TCP instead (no credit within the wait,
   /// endpoint gone, QP error, teardown).
   std::uint64_t rdma_fallbacks = 0;
@@ -124,23 +132,60 @@ class notify_outbox {
   };
 
   struct item final : rdma::detail::task_group, rdma::detail::notify_send {
-    enum class stage : std::uint8_t { fresh, rdma_delivered, rdma_returned };
+    enum class stage : std::uint8_t { fresh, rdma_returned };
     notify_outbox* owner = nullptr;
     std::string segment;
     segment_id target = kInvalidSegment;
     item* next = nullptr;
     bool all_completed = false;
     stage at = stage::fresh;  ///< written by whoever holds the item, read by the dispatcher after the queue's mutex
+    bool ride_delivered = false;          ///< the riding SEND's fate, written before its arrival
+    std::atomic<std::uint8_t> arrivals{0};  ///< of a riding SEND: done() and sent(), the second settles
+
     void done(bool ok) noexcept override {
-      // The lane picked at submit takes it straight from the retiring
-      // thread: one thread hop less before the SEND (the latency).
       all_completed = ok;
-      if (ok && sink != nullptr && sink->take_notify(this)) return;
-      owner->requeue(this);
+      if (rides.load(std::memory_order_acquire)) {
+        if (second_to_arrive()) settle_ride();
+        return;
+      }
+      hand_on();
     }
     void sent(bool delivered) noexcept override {
-      at = delivered ? stage::rdma_delivered : stage::rdma_returned;
+      if (rides.load(std::memory_order_acquire)) {
+        ride_delivered = delivered;
+        if (second_to_arrive()) settle_ride();
+        return;
+      }
+      // Delivered is the end of it: counted and freed on the lane, with no
+      // dispatcher to wake while the target's reader wants a CPU.
+      if (delivered) {
+        owner->settle_delivered(this, false);
+        return;
+      }
+      at = stage::rdma_returned;
       owner->requeue(this);
+    }
+
+   private:
+    // The tasks ended: the lane picked at submit takes it straight from the
+    // retiring thread (one thread hop less before the SEND), else the dispatcher.
+    void hand_on() noexcept {
+      if (all_completed && sink != nullptr && sink->take_notify(this)) return;
+      owner->requeue(this);
+    }
+    // acq_rel: the second sees what the first wrote before it arrived.
+    bool second_to_arrive() noexcept { return arrivals.fetch_add(1, std::memory_order_acq_rel) == 1; }
+    // Both events of a riding SEND are in (this thread owns the item).  A
+    // delivered one went with the data: its WRITE was placed first, so the
+    // target has the bytes even when the task ended otherwise (canceled or
+    // timed out after the post).  Flushed: the usual path, as if it never rode.
+    void settle_ride() noexcept {
+      rides.store(false, std::memory_order_relaxed);
+      if (ride_delivered) {
+        owner->settle_delivered(this, true);
+        return;
+      }
+      hand_on();
     }
   };
 
@@ -246,6 +291,7 @@ class notify_outbox {
     s.submitted = submitted_.load(std::memory_order_relaxed);
     s.sent_rdma = sent_rdma_.load(std::memory_order_relaxed);
     s.sent_tcp = sent_.load(std::memory_order_relaxed);
+    s.sent_with_data = sent_with_data_.load(std::memory_order_relaxed);
     s.sent = s.sent_rdma + s.sent_tcp;
     s.rdma_fallbacks = fallbacks_.load(std::memory_order_relaxed);
     s.dropped_failed = dropped_.load(std::memory_order_relaxed);
@@ -288,6 +334,14 @@ class notify_outbox {
       inbound_tail_ = it;
     }
     inbound_cv_.notify_one();
+  }
+
+  // An item a lane delivered (only a COMPLETED submit's reaches a lane).
+  // That lane; no lock, no allocation.
+  void settle_delivered(item* it, bool rode) noexcept {
+    sent_rdma_.fetch_add(1, std::memory_order_relaxed);
+    if (rode) sent_with_data_.fetch_add(1, std::memory_order_relaxed);
+    finish(it);
   }
 
   // Nothing handed over, in the dispatcher's hands, queued or under way (under mu_).
@@ -347,10 +401,6 @@ class notify_outbox {
   route settle(item& it) noexcept {
     if (!it.all_completed) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
-      return route::done;
-    }
-    if (it.at == item::stage::rdma_delivered) {
-      sent_rdma_.fetch_add(1, std::memory_order_relaxed);
       return route::done;
     }
     if (it.at == item::stage::rdma_returned) {
@@ -542,7 +592,7 @@ class notify_outbox {
   std::vector<std::thread> senders_;  ///< grown by the dispatcher only (under mu_)
 
   std::atomic<std::uint64_t> submitted_{0}, sent_{0}, dropped_{0}, refused_{0}, errors_{0};
-  std::atomic<std::uint64_t> sent_rdma_{0}, fallbacks_{0}, overflow_{0}, at_stop_{0};
+  std::atomic<std::uint64_t> sent_rdma_{0}, sent_with_data_{0}, fallbacks_{0}, overflow_{0}, at_stop_{0};
   std::atomic<std::size_t> pending_{0}, queued_count_{0};
   std::thread dispatcher_;  // last: started once every member above exists
 };

@@ -399,6 +399,7 @@ class lane final : public detail::notify_sink {
       const bool was_idle = l.ring.empty();
       std::size_t posted = 0;
       std::size_t bytes = 0;
+      detail::slice* const first = g.head;
       const errc pe = e.post(index_, g.head, ready, posted, bytes);
       if (posted != 0) {
         did = true;
@@ -406,6 +407,7 @@ class lane final : public detail::notify_sink {
         if (was_idle) posted_.push_back(g.ep);  // keeps the endpoint while its ring is not empty
         ctx_.count_posted(posted, bytes);
         posted_wrs_.store(posted_wrs_.load(std::memory_order_relaxed) + posted, std::memory_order_relaxed);
+        if (index_ == 0) ride_notifications(first, posted, g.ep);
       }
       if (g.head == nullptr) {
         g.tail = nullptr;
@@ -421,6 +423,18 @@ class lane final : public detail::notify_sink {
     }
     if (every_group) swept_marks_ = marks;  // the groups after a break are swept next pass
     return did;
+  }
+
+  // Notifications that ride behind the WRITEs just posted on QP 0
+  // (detail::notify_send).  The slices are read after their post: only this
+  // lane retires what it posted, so they live until its next poll.
+  void ride_notifications(detail::slice* s, std::size_t posted, const handle& ep) noexcept {
+    for (; posted != 0 && s != nullptr; --posted, s = s->next) {
+      if (s->then_notify == nullptr) continue;
+      detail::notify_send* n = s->then_notify;
+      s->then_notify = nullptr;  // one try: a retry of the WRITE goes without it
+      (void)notify_.ride(notify_view(), ep, n);
+    }
   }
 
   // How many slices at the front of g may be posted, given stage chunks:

@@ -85,6 +85,10 @@ class lane_pool {
     if (n < lanes && first != last) start += next_start_.fetch_add(1, std::memory_order_relaxed);
     start %= lanes;
     if (n == 1 || first == last) {
+      // A notification goes out as a SEND on QP 0, lane 0's: its transfer
+      // there retires on the lane that sends it, with no hand-off (and no
+      // sleeping lane to wake) between the data and the message.
+      if (t.group != nullptr) start = 0;
       lanes_[start]->submit(first, last);
       return;
     }

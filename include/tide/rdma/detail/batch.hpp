@@ -61,6 +61,7 @@ namespace tide::rdma::detail {
 struct task_state;
 struct batch_state;
 struct stage_chunk;
+struct notify_send;
 
 /// Tasks of one submit that someone waits on as a whole (a transfer-bound
 /// notification, transfer_engine::submit with a notification): finish_task
@@ -74,6 +75,9 @@ struct stage_chunk;
 struct task_group {
   std::atomic<std::size_t> left{0};     ///< members not final yet; the submitter sets it first
   std::atomic<bool> failed{false};      ///< a member ended other than COMPLETED
+  /// The notification these tasks end in, offered to ride behind their data
+  /// (notify_send::rides); null: it waits for done().  Set before the submit.
+  notify_send* message = nullptr;
   virtual void done(bool all_completed) noexcept = 0;
 
  protected:
@@ -92,8 +96,6 @@ struct wr_hook {
  protected:
   ~wr_hook() = default;
 };
-
-struct notify_send;
 
 /// Where a notification goes to become a SEND: lane 0 of a context
 /// (rdma/lane.hpp).  take_notify is a lock-free push and a wake, so the
@@ -114,12 +116,24 @@ struct notify_sink {
 /// it to `sink` (picked at submit when an endpoint to the target was
 /// connected then), or else the outbox thread picks a lane; from then until
 /// sent() the lane owns it; sent() hands it back.
+///
+/// Riding: when a submit is one RDMA WRITE (task_group::message, the WR's
+/// slice::then_notify), lane 0 may post the SEND right behind that WRITE on
+/// QP 0 at once, so the message reaches the target with the data instead
+/// of a completion and a post later.  RC ordering makes the target's
+/// receive complete only after the WRITE's bytes are placed, and a WRITE
+/// that fails flushes the SEND behind it.  Lane 0 sets `rides` before that
+/// post; from then on the notification has two events, its tasks' done()
+/// and the SEND's sent(), on lane threads in either order, and the second
+/// one to arrive settles it: delivered, or (flushed, the WRITE retried
+/// elsewhere) the usual path as though it never rode.
 struct notify_send {
   notify_send* next_send = nullptr;  ///< the lane's queue and waiting list
   std::string peer_path;             ///< the endpoint whose QP 0 carries it
   notify_desc wire_msg;              ///< name and text as the target records them
   std::int64_t waiting_since_ns = 0;  ///< lane: first time it found no credit
   notify_sink* sink = nullptr;       ///< set at submit (null: the outbox thread picks one)
+  std::atomic<bool> rides{false};    ///< its SEND was posted behind the data (see above)
   /// Lane 0, once: `delivered` = the SEND completed (the target's receive
   /// buffer holds it); false = it never went out, or its fate is unknown
   /// (flushed, QP error): the caller sends it over TCP.
@@ -161,6 +175,9 @@ struct slice {
   bool probe = false;                      ///< the one slice a paused rail lets through
   errc retry_error = errc::ok;             ///< while parked (detail/retry_timer.hpp): the failure it waits to retry
   wr_hook* hook = nullptr;                 ///< non-null: not a transfer's WR (no task)
+  /// A submit's only WR, a WRITE: lane 0 posts this notification behind it
+  /// (notify_send, "riding") and clears it; other lanes leave it.
+  notify_send* then_notify = nullptr;
 
   // ---- staging (rdma/detail/stage_pool.hpp) ----
   /// The local buffer's copy engine when no NIC registered it (the lane

@@ -105,6 +105,36 @@ class notify_port {
     return did;
   }
 
+  /// Posts `n` as a SEND on QP 0 of `h` right behind a WRITE just posted
+  /// there (notify_send, "riding"); false when it cannot go now (no credit,
+  /// send slot or queue room; notifications before it still queued here,
+  /// which it must not pass): it then waits for its tasks as usual.  Lane
+  /// thread, before any completion of that WRITE is polled.
+  bool ride(lane_view v, const handle& h, notify_send* n) noexcept {
+    if (wait_head_ != nullptr || queue_.load(std::memory_order_relaxed) != nullptr) return false;
+    if (!h || !h->notify_ready() || h->lane_cq(0) != v.cq || !h->lane(0).rts) return false;
+    notify_qp& q = h->notify();
+    if (q.tx_credits == 0 || h->sq_room(0) == 0 || cq_free(v) == 0) return false;
+    const int slot = q.take_tx(false);
+    if (slot < 0) return false;
+    const auto s = static_cast<std::uint32_t>(slot);
+    const std::uint32_t len = encode_notify_message(n->wire_msg, q.tx_buf(s));
+    if (len != 0) {
+      q.set_item(s, n);
+      // Set before the post, while no completion of the WRITE can have been
+      // polled (this thread polls them): done() then sees it whatever comes first.
+      n->rides.store(true, std::memory_order_release);
+      if (post(v, h, s, len)) {
+        --q.tx_credits;
+        return true;
+      }
+      n->rides.store(false, std::memory_order_relaxed);
+      q.set_item(s, nullptr);
+    }
+    q.give_back_tx(s);
+    return false;
+  }
+
   /// Lane 0 connected (or failed to connect) QP 0 of `e`; `before` = its
   /// rx_posted before lane_connect (a reset drops receives silently).
   void on_connect(endpoint& e, std::uint32_t before) noexcept {

@@ -206,6 +206,12 @@ status rdma_transport<P>::plan_and_dispatch(detail::batch_state& b, std::size_t 
       heads.push_back(head);
     }
   }
+  // A submit that is one WRITE on a NIC: its notification may ride right
+  // behind it (detail::notify_send).  A READ's would not wait for the
+  // responses, and a submit of several WRs has no one QP to order it on.
+  if (group != nullptr && group->message != nullptr && heads.size() == 1 && heads[0]->op == transfer_op::write &&
+      heads[0]->local_device != kViaCarrier && heads[0]->local_device != kNoRoute)
+    heads[0]->then_notify = group->message;
   b.unfinished.fetch_add(requests.size(), std::memory_order_relaxed);
   b.inflight.fetch_add(total, std::memory_order_relaxed);
   b.used.store(used + requests.size(), std::memory_order_release);
