@@ -170,9 +170,11 @@ int main(int argc, char** argv) {
   }
   for (auto* e : {init.get(), init_tcp.get()}) {
     const auto out = e->outbox_stats();
-    std::printf("outbox (%s): %llu sent (%llu rdma, %llu tcp), %llu dropped, %llu refused, %llu errors\n",
+    std::printf("outbox (%s): %llu sent (%llu rdma, of them %llu with the data; %llu tcp), %llu dropped, %llu refused, "
+                "%llu errors\n",
                 e == init.get() ? "notification" : "notif. (tcp)", static_cast<unsigned long long>(out.sent),
-                static_cast<unsigned long long>(out.sent_rdma), static_cast<unsigned long long>(out.sent_tcp),
+                static_cast<unsigned long long>(out.sent_rdma), static_cast<unsigned long long>(out.sent_with_data),
+                static_cast<unsigned long long>(out.sent_tcp),
                 static_cast<unsigned long long>(out.dropped_failed), static_cast<unsigned long long>(out.refused),
                 static_cast<unsigned long long>(out.send_errors));
   }
