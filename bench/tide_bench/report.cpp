@@ -34,6 +34,15 @@ summary summarize(run_figures f, const bench_options& o) {
   s.p50_us = percentile(f.batch_latency_us, 50);
   s.p99_us = percentile(f.batch_latency_us, 99);
   s.p999_us = percentile(f.batch_latency_us, 99.9);
+  auto median_of = [&](double batch_phases::*field) {
+    std::vector<double> v;
+    v.reserve(f.phases.size());
+    for (const auto& ph : f.phases) v.push_back(ph.*field);
+    return percentile(v, 50);
+  };
+  s.phases_p50 = {median_of(&batch_phases::submit), median_of(&batch_phases::to_post),
+                  median_of(&batch_phases::wire_and_poll), median_of(&batch_phases::wake),
+                  median_of(&batch_phases::free)};
   if (f.bytes > 0) s.cpu_s_per_gb = f.cpu_seconds / (static_cast<double>(f.bytes) / 1e9);
   return s;
 }
@@ -80,6 +89,14 @@ std::string format_report(const summary& s, const run_figures& f, const bench_op
                 s.requests_per_s, static_cast<unsigned long long>(f.failed_requests), s.p50_us, s.p99_us,
                 s.p999_us, f.cpu_seconds, s.cpu_s_per_gb);
   std::string out = buf;
+  if (!f.phases.empty()) {
+    const auto& ph = s.phases_p50;
+    std::snprintf(buf, sizeof buf,
+                  "  batch phases p50 (us, each its own median): submit %.1f, to post %.1f, wire and poll %.1f, "
+                  "wake %.1f, free %.1f\n",
+                  ph.submit, ph.to_post, ph.wire_and_poll, ph.wake, ph.free);
+    out += buf;
+  }
   // Per request, from the engine's telemetry (bucket bounds: 1-2-5 per decade).
   for (std::size_t op = 0; op < 2; ++op) {
     const auto& h = f.transfer_latency[op];
@@ -130,6 +147,12 @@ std::string format_json(const summary& s, const run_figures& f, const bench_opti
       {"cpu_seconds", f.cpu_seconds},
       {"cpu_s_per_gb", s.cpu_s_per_gb},
   };
+  if (!f.phases.empty())
+    j["phases_p50_us"] = {{"phase_submit_us", s.phases_p50.submit},
+                          {"phase_to_post_us", s.phases_p50.to_post},
+                          {"phase_wire_and_poll_us", s.phases_p50.wire_and_poll},
+                          {"phase_wake_us", s.phases_p50.wake},
+                          {"phase_free_us", s.phases_p50.free}};
   j["nics"] = nlohmann::json::array();
   for (const auto& n : f.nics)
     j["nics"].push_back({{"name", n.name}, {"bytes", n.bytes}, {"wrs", n.wrs}, {"errors", n.errors}, {"bandwidth_bps", n.bandwidth_bps}});

@@ -34,6 +34,16 @@ struct rail_figures {
   std::uint64_t pauses = 0;
 };
 
+/// Where one batch's time went, in microseconds, from the engine's telemetry
+/// (issue 36's breakdown): the caller's allocate and submit until the batch
+/// was planned; planned until the first WR went to ibv_post_send (the hand-off
+/// to a lane); posted until the last task turned final (the wire, the NIC and
+/// the lane's poll); final until wait() returned (waking the waiter); and
+/// free_batch (with batch_status).
+struct batch_phases {
+  double submit = 0, to_post = 0, wire_and_poll = 0, wake = 0, free = 0;
+};
+
 struct run_figures {
   std::uint64_t bytes = 0;        ///< completed payload bytes
   std::uint64_t requests = 0;     ///< completed requests (blocks)
@@ -41,6 +51,7 @@ struct run_figures {
   double seconds = 0;             ///< wall time of the measured window
   double cpu_seconds = 0;         ///< process CPU time in the window (all threads)
   std::vector<double> batch_latency_us;  ///< one entry per completed batch
+  std::vector<batch_phases> phases;      ///< one per completed batch whose telemetry was read
   double open_segment_ms = 0;            ///< open_segment (metadata fetch, and its handshake in p2p mode)
   double first_batch_us = 0;             ///< thread 0's first batch, connection handshakes included
   std::vector<nic_figures> nics;         ///< per local NIC, so spraying and failover show
@@ -58,6 +69,7 @@ struct summary {
   double throughput = 0;          ///< in options.unit per second
   double requests_per_s = 0;
   double p50_us = 0, p99_us = 0, p999_us = 0;
+  batch_phases phases_p50;        ///< each phase's own median (they need not add up to p50_us)
   double cpu_s_per_gb = 0;        ///< CPU seconds per 1e9 bytes moved
 };
 

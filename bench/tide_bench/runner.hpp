@@ -174,12 +174,17 @@ int run_initiator(const bench_options& o) {
   std::atomic<int> fatal{0};
   std::mutex lat_mu;
   std::vector<double> latencies;
+  std::vector<batch_phases> phases;
 
   // One batch: allocate, submit, wait, free.  Returns its latency, all four included (what a
   // synchronous transfer costs its caller, as the Python module's calls do), or nothing after a
-  // failure (reported, and `fatal` set).
-  auto one_batch = [&](const std::vector<transfer_request>& reqs) -> std::optional<double> {
-    const auto t0 = std::chrono::steady_clock::now();
+  // failure (reported, and `fatal` set).  Where the time went goes to `ph` when given; reading
+  // the telemetry is left out of the latency.
+  using clock = std::chrono::steady_clock;
+  auto us = [](clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
+  auto one_batch = [&](const std::vector<transfer_request>& reqs,
+                       std::optional<batch_phases>* ph = nullptr) -> std::optional<double> {
+    const auto t0 = clock::now();
     auto b = engine.allocate_batch(o.batch_size);
     if (!b) {
       std::cerr << "tide-bench: allocate_batch: " << b.error().message() << "\n";
@@ -193,7 +198,9 @@ int run_initiator(const bench_options& o) {
       return std::nullopt;
     }
     auto w = engine.wait(*b, std::chrono::seconds(60));
+    const auto waited = clock::now();
     auto st = engine.batch_status(*b);
+    const auto checked = clock::now();
     if (!w || !st || st->state != transfer_state::completed) {
       std::cerr << "tide-bench: batch did not complete: "
                 << (!w ? w.error().message()
@@ -207,12 +214,20 @@ int run_initiator(const bench_options& o) {
       fatal = 1;
       return std::nullopt;
     }
+    std::optional<transfer_telemetry> tel;
+    if (ph != nullptr)
+      if (auto t = engine.batch_telemetry(*b)) tel = *t;
+    const auto freeing = clock::now();
     if (auto f = engine.free_batch(*b); !f) {
       std::cerr << "tide-bench: free_batch: " << f.error().message() << "\n";
       fatal = 1;
       return std::nullopt;
     }
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const auto end = clock::now();
+    if (tel && tel->first_post != clock::time_point{} && tel->completion != clock::time_point{})
+      *ph = batch_phases{us(tel->submit - t0), us(tel->first_post - tel->submit), us(tel->completion - tel->first_post),
+             us(waited - tel->completion), us(checked - waited) + us(end - freeing)};
+    return us(checked - t0) + us(end - freeing);
   };
 
   double first_batch_us = 0;  // thread 0's, published by warmed_up
@@ -231,15 +246,19 @@ int run_initiator(const bench_options& o) {
     warmed_up.fetch_add(1);
     while (warm && !go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::vector<double> mine;
+    std::vector<batch_phases> my_phases;
     while (warm && !stop.load(std::memory_order_relaxed)) {
-      auto latency = one_batch(reqs);
+      std::optional<batch_phases> ph;
+      auto latency = one_batch(reqs, &ph);
       if (!latency) break;
       bytes += per_thread;
       requests += o.batch_size;
       mine.push_back(*latency);
+      if (ph) my_phases.push_back(*ph);
     }
     std::lock_guard lock(lat_mu);
     latencies.insert(latencies.end(), mine.begin(), mine.end());
+    phases.insert(phases.end(), my_phases.begin(), my_phases.end());
   };
 
   std::vector<std::thread> threads;
@@ -279,6 +298,7 @@ int run_initiator(const bench_options& o) {
   f.requests = requests;
   f.failed_requests = failed;
   f.batch_latency_us = std::move(latencies);
+  f.phases = std::move(phases);
   f.open_segment_ms = open_segment_ms;
   f.first_batch_us = first_batch_us;
   f.transfer_latency = latency_delta(meter0, engine.transport().meter());
