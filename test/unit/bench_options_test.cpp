@@ -177,6 +177,28 @@ TEST_CASE("the report prints per-op transfer latency quantiles from the telemetr
   CHECK(tb::format_json(tb::summarize(f, o), f, o).find("\"p99_us_le\": 200.0") != std::string::npos);
 }
 
+TEST_CASE("the report splits batches into phases, each its own median; no batches read, no line") {
+  tb::bench_options o;
+  tb::run_figures f;
+  CHECK(tb::format_report(tb::summarize(f, o), f, o).find("batch phases") == std::string::npos);
+  CHECK(tb::format_json(tb::summarize(f, o), f, o).find("phase_") == std::string::npos);
+  // Three batches: every phase's median comes from its own column, not from one batch.
+  f.phases = {{1, 30, 40, 0.5, 2}, {3, 10, 45, 0.1, 1}, {2, 20, 50, 0.9, 3}};
+  const auto s = tb::summarize(f, o);
+  CHECK(s.phases_p50.submit == 2);
+  CHECK(s.phases_p50.to_post == 20);
+  CHECK(s.phases_p50.wire_and_poll == 45);
+  CHECK(s.phases_p50.wake == 0.5);
+  CHECK(s.phases_p50.free == 2);
+  const auto text = tb::format_report(s, f, o);
+  INFO(text);
+  CHECK(text.find("batch phases p50 (us, each its own median): submit 2.0, to post 20.0, wire and poll 45.0, "
+                  "wake 0.5, free 2.0") != std::string::npos);
+  const auto json = tb::format_json(s, f, o);
+  CHECK(json.find("\"phase_to_post_us\": 20.0") != std::string::npos);
+  CHECK(json.find("\"phase_wire_and_poll_us\": 45.0") != std::string::npos);
+}
+
 // Command lines from Mooncake's documentation and scripts, unchanged.
 TEST_CASE("Mooncake's transfer_engine_bench command lines parse unchanged") {
   SUBCASE("docs: etcd as a bare host:port, a device") {
