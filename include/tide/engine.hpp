@@ -460,9 +460,8 @@ class transfer_engine {
   /// before this side sees COMPLETED, never before the bytes; a WRITE that
   /// fails takes it down, but if such a submit is canceled or times out
   /// after its WRITE went out and the bytes land anyway, it arrives too.
-  /// Otherwise, and
-  /// when no credit comes within 50 ms or the endpoint is not connected, it
-  /// is Mooncake's notify message to the target's handshake port after the
+  /// Otherwise, and when no credit comes within 50 ms or the endpoint is not
+  /// connected, it is Mooncake's notify message to the target's handshake port after the
   /// data (so Mooncake peers take it too; sent_tcp); a refusal by the
   /// target's inbox bound is counted in outbox_stats().refused.
   /// Errors: invalid_argument (no requests; requests to more than one

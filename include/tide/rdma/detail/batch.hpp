@@ -134,9 +134,10 @@ struct notify_send {
   std::int64_t waiting_since_ns = 0;  ///< lane: first time it found no credit
   notify_sink* sink = nullptr;       ///< set at submit (null: the outbox thread picks one)
   std::atomic<bool> rides{false};    ///< its SEND was posted behind the data (see above)
-  /// Lane 0, once: `delivered` = the SEND completed (the target's receive
-  /// buffer holds it); false = it never went out, or its fate is unknown
-  /// (flushed, QP error): the caller sends it over TCP.
+  /// Lane 0, once per hand-over (and once for a riding SEND): `delivered` =
+  /// the SEND completed (the target's receive buffer holds it); false = it
+  /// never went out, or its fate is unknown (flushed, QP error): the caller
+  /// sends it over TCP (a riding one: as though it never rode).
   virtual void sent(bool delivered) noexcept = 0;
 
  protected:
