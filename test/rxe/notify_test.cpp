@@ -113,6 +113,15 @@ std::vector<tide::notify_desc> first_notifies(Engine& e) {
   return got;
 }
 
+/// outbox_stats() of `e` once nothing is pending there, or after `within` (callers check pending).
+template <class Engine>
+tide::notify_outbox_stats settled_outbox(Engine& e, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (e.outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return e.outbox_stats();
+}
+
 }  // namespace
 
 TEST_CASE("1000 batches with notifications: each exactly once, after its data; none for a failed batch") {
@@ -532,9 +541,7 @@ TEST_CASE("a burst of notifications past the credits, read late: none lost, none
   }
   // The target reads nothing until every notification left the sender: the
   // credits ran out on the way (300 > 8), the receiver returned them.
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-  const auto out = a->outbox_stats();
+  const auto out = settled_outbox(*a, 60s);
   MESSAGE("outbox: " << out.sent << " sent (" << out.sent_rdma << " RDMA, " << out.sent_tcp << " TCP, "
                      << out.rdma_fallbacks << " fell back), " << out.refused << " refused");
   CHECK(out.pending == 0);
@@ -581,9 +588,7 @@ TEST_CASE("a lone WRITE's notification rides behind it: read with its bytes ther
     CHECK(a->batch_status(batch)->state == transfer_state::completed);
     REQUIRE(a->free_batch(batch));
   }
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-  auto out = a->outbox_stats();
+  auto out = settled_outbox(*a, 30s);
   MESSAGE("outbox: " << out.sent << " sent (" << out.sent_rdma << " RDMA, " << out.sent_with_data
                      << " behind their WRITE, " << out.sent_tcp << " TCP)");
   CHECK(wrong == 0);
@@ -610,9 +615,7 @@ TEST_CASE("a lone WRITE's notification rides behind it: read with its bytes ther
   REQUIRE(a->wait(batch, 60s));
   CHECK(a->batch_status(batch)->state == transfer_state::failed);
   REQUIRE(a->free_batch(batch));
-  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until + 30s)
-    std::this_thread::sleep_for(1ms);
-  out = a->outbox_stats();
+  out = settled_outbox(*a, 30s);
   CHECK(out.dropped_failed == before.dropped_failed + 1);
   CHECK(out.sent == before.sent);
   std::this_thread::sleep_for(200ms);
@@ -651,10 +654,7 @@ TEST_CASE("a peer that does not advertise RDMA notifications gets them over TCP,
     }
     CHECK(read_burst(*b, src, dst, kN, kSize, "plain ", 30s) == kN);
     // The target has them before the sender has counted the last reply.
-    const auto until = std::chrono::steady_clock::now() + 30s;
-    while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(1ms);
-    const auto out = a->outbox_stats();
+    const auto out = settled_outbox(*a, 30s);
     CHECK(out.sent == kN);
     CHECK(out.sent_tcp == kN);
     CHECK(out.sent_rdma == 0);
@@ -701,10 +701,7 @@ TEST_CASE("engines torn down with notifications in flight: no crash, no hang, no
     const auto t0 = std::chrono::steady_clock::now();
     b.reset();
     CHECK(std::chrono::steady_clock::now() - t0 < 30s);
-    const auto until = std::chrono::steady_clock::now() + 120s;
-    while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(1ms);
-    const auto out = a->outbox_stats();
+    const auto out = settled_outbox(*a, 120s);
     MESSAGE("after the target went: " << out.sent << " sent, " << out.dropped_failed << " dropped, "
                                       << out.send_errors << " errors, " << out.pending << " pending");
     CHECK(out.pending == 0);  // nothing stuck in a lane
@@ -846,9 +843,7 @@ TEST_CASE("a peer that advertises notification credits but posts no receives: ta
   }
   // The SEND failed with its QP (RNR retries exhausted): the notification
   // went over TCP to b, and the peer gets no RDMA notifications again.
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (a->outbox_stats().pending != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-  const auto out = a->outbox_stats();
+  const auto out = settled_outbox(*a, 60s);
   CHECK(out.pending == 0);
   CHECK(out.rdma_fallbacks == 1);
   CHECK(out.sent_tcp == 1);
