@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 namespace pol = tide::policy;
 using namespace std::chrono_literals;
 using clk = std::chrono::steady_clock;
@@ -271,6 +273,67 @@ TEST_CASE("cpu headroom: spinning stops on a crowded host and comes back on a qu
   CHECK(hs::crowded(17, 16));
 }
 
+TEST_CASE("spin window: a check that says spinning no longer pays ends the window at the next clock reading") {
+  pol::detail::spin_window w(10s);
+  bool pays = true;
+  std::chrono::nanoseconds last_spun{-1};
+  int asked = 0;
+  auto still_pays = [&](std::chrono::nanoseconds spun) noexcept {
+    ++asked;
+    CHECK(spun >= last_spun);  // the time spun so far, from the window's first empty pass
+    last_spun = spun;
+    return pays;
+  };
+  for (int i = 0; i < 1000; ++i) REQUIRE(w.spin(still_pays));
+  CHECK(asked == 1000 / 64);  // asked where the clock is read, every 64th pass
+  pays = false;
+  int more = 0;
+  while (w.spin(still_pays) && more < 1000) ++more;
+  CHECK(more < 64);
+  CHECK_FALSE(w.spin(still_pays));  // expired until reset()
+  w.reset();
+  pays = true;
+  CHECK(w.spin(still_pays));
+}
+
+TEST_CASE("spin_event: a window ends early once the host has more runnable threads than CPUs") {
+  // A spinner keeps its CPU until its window ends, so the thread it has just
+  // woken (a notification's reader) waited the whole window for a CPU.
+  if (::access("/proc/loadavg", R_OK) != 0) {
+    MESSAGE("no /proc/loadavg: spin_event cannot see the host's load here");
+    return;
+  }
+  auto idle = pol::spin_event::create({.spin = 30s, .max_sleep = 20000ms, .adapt = true});
+  REQUIRE(idle.has_value());
+  harness<pol::spin_event> h(*idle);
+  h.start();
+  h.produce();  // work: the next empty pass opens a 30 s window
+  REQUIRE(h.drained_within(5s));
+  std::this_thread::sleep_for(20ms);
+  if (idle->sleeps() != 0) {  // the host was crowded already: no window opened
+    MESSAGE("the host is crowded already: spin_event did not spin, nothing to end");
+    return;
+  }
+  // One busy thread per CPU and one more: runnable threads > CPUs while they run.
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  REQUIRE(cpus > 0);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (long i = 0; i <= cpus; ++i)
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) tide::detail::cpu_relax();
+    });
+  const auto t0 = clk::now();
+  while (idle->sleeps() == 0 && clk::now() - t0 < 10s) std::this_thread::sleep_for(1ms);
+  const auto waited = clk::now() - t0;
+  stop = true;
+  for (auto& t : busy) t.join();
+  CHECK(idle->sleeps() > 0);  // asleep long before the 30 s window's end
+  MESSAGE("the window ended " << std::chrono::duration<double, std::milli>(waited).count()
+                              << " ms after the host became crowded");
+  h.stop();
+}
+
 TEST_CASE("cpu headroom: /proc/loadavg's runnable count") {
   const auto parse = [](std::string_view s) { return pol::detail::parse_loadavg_running(s.data(), s.size()); };
   CHECK(parse("0.22 0.95 1.49 3/456 12345\n") == 3);
@@ -293,6 +356,7 @@ TEST_CASE("cpu headroom: the live sampler answers from any thread") {
     ts.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {
         (void)pol::detail::cpu_headroom::spin_pays();
+        (void)pol::detail::cpu_headroom::crowded_now();
         answers.fetch_add(1, std::memory_order_relaxed);
       }
     });

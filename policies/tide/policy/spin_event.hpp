@@ -29,10 +29,13 @@ namespace tide::policy {
 /// default) a window opens only while the host has no more runnable
 /// threads than CPUs (detail::cpu_headroom: /proc/loadavg, sampled at most
 /// every 2 ms by one thread of the process), else the worker sleeps at once
-/// as cq_event's does.  On a host whose every CPU is busy a spinning worker
-/// would take the time slice of the work that completes its requests and
-/// then wait for its own turn; a sleeping one is woken by the completion
-/// and, having slept, runs at once.  The thread waiting for the batch
+/// as cq_event's does.  A window that has run past its first 50 us also
+/// ends as soon as the host has more runnable threads than CPUs (a sample
+/// at most 50 us old): the scheduler lets a spinner keep its CPU while the
+/// thread it has just woken waits.  On a host whose every CPU is busy a
+/// spinning worker would take the time slice of the work that completes
+/// its requests and then wait for its own turn; a sleeping one is woken by
+/// the completion and, having slept, runs at once.  The thread waiting for the batch
 /// keeps its own short spin (engine_config::wait_spin): it is the caller's,
 /// running already, and catching the completion awake saves the second
 /// wake-up of the request (measured: bench/latency --load, docs/performance.md).
@@ -80,7 +83,7 @@ class spin_event {
   template <class Repass>
   void on_empty(Repass&& repass) noexcept {
     if (adapt_ && window_.opening() && !detail::cpu_headroom::spin_pays()) window_.expire();
-    if (window_.spin()) return;
+    if (window_.spin([this](std::chrono::nanoseconds spun) noexcept { return still_pays(spun); })) return;
     sleeper_.on_empty(std::forward<Repass>(repass));
   }
 
@@ -95,6 +98,18 @@ class spin_event {
  private:
   spin_event(std::chrono::nanoseconds spin, bool adapt, cq_event sleeper) noexcept
       : window_(spin), adapt_(adapt), sleeper_(std::move(sleeper)) {}
+
+  // Past the first kRecheckAfter of a window (a small request's completion
+  // comes within it, so its wait costs no sample), the window ends as soon
+  // as the host has more runnable threads than CPUs: someone is waiting for
+  // a CPU now, often the thread this worker has just woken (a notification's
+  // reader, a batch's waiter), and the scheduler lets a spinner keep its
+  // CPU until its window ends (measured: bench/notify-latency).
+  [[nodiscard]] bool still_pays(std::chrono::nanoseconds spun) const noexcept {
+    return !adapt_ || spun < kRecheckAfter || !detail::cpu_headroom::crowded_now();
+  }
+
+  static constexpr std::chrono::microseconds kRecheckAfter{50};
 
   detail::spin_window window_;
   bool adapt_;

@@ -81,6 +81,26 @@ class cpu_headroom {
     return headroom_score::spin_pays(s.score.load(std::memory_order_relaxed));
   }
 
+  static constexpr std::chrono::microseconds kQuickPeriod{50};
+
+  /// Whether the host has more runnable threads than CPUs now: the last
+  /// sample, at most kQuickPeriod old, unsmoothed (spin_event asks it in a
+  /// window that has already spun a while, where being late costs the
+  /// woken thread its CPU).  Sampled as spin_pays() is, one thread at a
+  /// time; where /proc/loadavg cannot be read, never crowded.
+  [[nodiscard]] static bool crowded_now() noexcept {
+    auto& s = state();
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    std::int64_t due = s.next_quick_ns.load(std::memory_order_relaxed);
+    if (now >= due &&
+        s.next_quick_ns.compare_exchange_strong(due, now + std::chrono::nanoseconds(kQuickPeriod).count(),
+                                                std::memory_order_relaxed)) {
+      const auto running = read_running(s);
+      if (running != 0) s.crowded.store(headroom_score::crowded(running, s.cpus), std::memory_order_relaxed);
+    }
+    return s.crowded.load(std::memory_order_relaxed);
+  }
+
  private:
   struct shared {
     shared() noexcept
@@ -89,6 +109,8 @@ class cpu_headroom {
     // sample until the very end of static destruction).
     std::atomic<std::int64_t> next_sample_ns{0};
     std::atomic<std::uint32_t> score{0};
+    std::atomic<std::int64_t> next_quick_ns{0};
+    std::atomic<bool> crowded{false};
     const int fd;  ///< set before any sampler reads it (a function-local static's init)
     const std::uint32_t cpus;
   };
@@ -103,12 +125,17 @@ class cpu_headroom {
     return s;
   }
 
-  static void sample(shared& s) noexcept {
-    if (s.fd < 0) return;
+  // Runnable threads on the host; 0 when unknown.
+  static std::uint32_t read_running(shared& s) noexcept {
+    if (s.fd < 0) return 0;
     char buf[128];
     const ssize_t n = ::pread(s.fd, buf, sizeof buf, 0);  // seq_file: offset 0 regenerates the text
-    if (n <= 0) return;
-    const auto running = parse_loadavg_running(buf, static_cast<std::size_t>(n));
+    return n <= 0 ? 0 : parse_loadavg_running(buf, static_cast<std::size_t>(n));
+  }
+
+  static void sample(shared& s) noexcept {
+    const auto running = read_running(s);
+    if (running == 0) return;
     // Only the CAS winner of this period writes, so load + store loses nothing.
     s.score.store(headroom_score::next(s.score.load(std::memory_order_relaxed), running, s.cpus),
                   std::memory_order_relaxed);

@@ -32,12 +32,22 @@ class spin_window {
   /// on the first empty pass and then every 64th, so an empty pass mostly
   /// costs one PAUSE (and even a window of 0 spins 64 passes).
   [[nodiscard]] bool spin() noexcept {
+    return spin([](std::chrono::nanoseconds) noexcept { return true; });
+  }
+
+  /// spin(), and where it reads the clock it also asks
+  /// `still_pays(time spun so far)`: false ends the window there.
+  template <class StillPays>
+  [[nodiscard]] bool spin(StillPays&& still_pays) noexcept {
     if (expired_) return false;
     if (empty_passes_++ == 0) {
       idle_since_ = clock::now();
-    } else if ((empty_passes_ & 63) == 0 && clock::now() - idle_since_ >= length_) {
-      expired_ = true;
-      return false;
+    } else if ((empty_passes_ & 63) == 0) {
+      const auto spun = clock::now() - idle_since_;
+      if (spun >= length_ || !still_pays(std::chrono::nanoseconds(spun))) {
+        expired_ = true;
+        return false;
+      }
     }
     tide::detail::cpu_relax();
     return true;
