@@ -470,10 +470,17 @@ pyb::dict py_engine::stats() {
   pyb::dict sent;
   sent["submitted"] = o.submitted;
   sent["sent"] = o.sent;
+  sent["sent_rdma"] = o.sent_rdma;
+  sent["sent_tcp"] = o.sent_tcp;
+  sent["sent_with_data"] = o.sent_with_data;
+  sent["rdma_fallbacks"] = o.rdma_fallbacks;
   sent["dropped_failed"] = o.dropped_failed;
   sent["refused"] = o.refused;
   sent["send_errors"] = o.send_errors;
+  sent["dropped_overflow"] = o.dropped_overflow;
+  sent["dropped_at_stop"] = o.dropped_at_stop;
   sent["pending"] = o.pending;
+  sent["queued"] = o.queued;
   pyb::dict hs;
   hs["accepted"] = h.accepted;
   hs["served"] = h.served;

@@ -299,6 +299,10 @@ def test_notification_follows_the_data_and_never_a_failure(net, engine, target):
     assert target.ask(cmd="notifies")["notifies"] == []
     sent = engine.stats()["notifications_sent"]
     assert (sent["submitted"], sent["sent"], sent["dropped_failed"]) == (2, 1, 1)
+    # Several WRITEs in one submit: the message goes after them (a lone WRITE's could ride with it).
+    over_rdma = 1 if net.name == "rdma" else 0
+    assert (sent["sent_rdma"], sent["sent_tcp"], sent["sent_with_data"]) == (over_rdma, 1 - over_rdma, 0)
+    assert (sent["rdma_fallbacks"], sent["dropped_overflow"], sent["dropped_at_stop"], sent["queued"]) == (0, 0, 0, 0)
     with pytest.raises(tide.InvalidArgument):
         engine.submit([tide.write(srcs[0], seg, ids[0])], notify="x" * 5000)  # past notification::kMaxBytes
 
