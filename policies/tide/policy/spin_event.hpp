@@ -35,10 +35,11 @@ namespace tide::policy {
 /// thread it has just woken waits.  On a host whose every CPU is busy a
 /// spinning worker would take the time slice of the work that completes
 /// its requests and then wait for its own turn; a sleeping one is woken by
-/// the completion and, having slept, runs at once.  The thread waiting for the batch
-/// keeps its own short spin (engine_config::wait_spin): it is the caller's,
-/// running already, and catching the completion awake saves the second
-/// wake-up of the request (measured: bench/latency --load, docs/performance.md).
+/// the completion and, having slept, runs at once.  The thread waiting for
+/// the batch keeps its own short spin (engine_config::wait_spin): it is the
+/// caller's, running already, and catching the completion awake saves the
+/// second wake-up of the request (measured: bench/latency --load,
+/// docs/performance.md).
 class spin_event {
  public:
   static constexpr std::string_view kName = "spin_event";
