@@ -70,14 +70,7 @@ class cpu_headroom {
 
   [[nodiscard]] static bool spin_pays() noexcept {
     auto& s = state();
-    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    std::int64_t due = s.next_sample_ns.load(std::memory_order_relaxed);
-    // One sampler at a time: the CAS winner reads; the others use the last verdict.
-    if (now >= due &&
-        s.next_sample_ns.compare_exchange_strong(due, now + std::chrono::nanoseconds(kPeriod).count(),
-                                                 std::memory_order_relaxed)) {
-      sample(s);
-    }
+    if (sample_due(s.next_sample_ns, kPeriod)) sample(s);
     return headroom_score::spin_pays(s.score.load(std::memory_order_relaxed));
   }
 
@@ -90,11 +83,7 @@ class cpu_headroom {
   /// time; where /proc/loadavg cannot be read, never crowded.
   [[nodiscard]] static bool crowded_now() noexcept {
     auto& s = state();
-    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    std::int64_t due = s.next_quick_ns.load(std::memory_order_relaxed);
-    if (now >= due &&
-        s.next_quick_ns.compare_exchange_strong(due, now + std::chrono::nanoseconds(kQuickPeriod).count(),
-                                                std::memory_order_relaxed)) {
+    if (sample_due(s.next_quick_ns, kQuickPeriod)) {
       const auto running = read_running(s);
       if (running != 0) s.crowded.store(headroom_score::crowded(running, s.cpus), std::memory_order_relaxed);
     }
@@ -123,6 +112,14 @@ class cpu_headroom {
   static shared& state() noexcept {
     static shared s;
     return s;
+  }
+
+  // Whether this caller takes the sample of the period that `next_ns` ends:
+  // one sampler at a time, the CAS winner; the others use the last verdict.
+  static bool sample_due(std::atomic<std::int64_t>& next_ns, std::chrono::nanoseconds period) noexcept {
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    std::int64_t due = next_ns.load(std::memory_order_relaxed);
+    return now >= due && next_ns.compare_exchange_strong(due, now + period.count(), std::memory_order_relaxed);
   }
 
   // Runnable threads on the host; 0 when unknown.
