@@ -113,6 +113,29 @@ std::vector<tide::notify_desc> first_notifies(Engine& e) {
   return got;
 }
 
+/// Engines on `ca` and `cb`, `bytes` of src registered at a and of dst at
+/// b, a's view of b's segment.  Members in the order the tests declared
+/// them, so the buffers still go before the engines.
+struct connected_pair {
+  connected_pair(const tide::engine_config& ca, const tide::engine_config& cb, std::size_t bytes)
+      : a(tide::test::make_engine(ca)), b(tide::test::make_engine(cb)), src(bytes), dst(bytes) {
+    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
+    REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
+    seg = a->open_segment(b->segment_name()).value();
+    dst_id = b->buffer_id(dst.data).value();
+  }
+  /// One 64 B WRITE, so the endpoint is up: a notification while it connects goes over TCP.
+  void connect() {
+    auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
+    REQUIRE(tide::test::run_one(*a, warm));
+  }
+
+  std::unique_ptr<tide::transfer_engine<>> a, b;
+  buffer src, dst;
+  tide::segment_id seg = 0;
+  std::uint32_t dst_id = 0;
+};
+
 /// outbox_stats() of `e` once nothing is pending there, or after `within` (callers check pending).
 template <class Engine>
 tide::notify_outbox_stats settled_outbox(Engine& e, std::chrono::milliseconds within) {
@@ -126,13 +149,8 @@ tide::notify_outbox_stats settled_outbox(Engine& e, std::chrono::milliseconds wi
 
 TEST_CASE("1000 batches with notifications: each exactly once, after its data; none for a failed batch") {
   const auto [side_a, side_b] = sides();
-  auto a = tide::test::make_engine(config(side_a));
-  auto b = tide::test::make_engine(config(side_b));
-  buffer src(kSlots * kSlotSize), dst(kSlots * kSlotSize);
-  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
-  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
-  const auto seg = a->open_segment(b->segment_name()).value();
-  const auto dst_id = b->buffer_id(dst.data).value();
+  connected_pair p(config(side_a), config(side_b), kSlots * kSlotSize);
+  auto& [a, b, src, dst, seg, dst_id] = p;
 
   constexpr std::size_t kBatches = 1000;
   constexpr std::size_t kFailEvery = 100;  // batch k * 100 + 50 fails on the wire
@@ -518,20 +536,12 @@ std::size_t read_burst(Engine& b, const buffer& src, const buffer& dst, std::siz
 
 TEST_CASE("a burst of notifications past the credits, read late: none lost, none twice, each after its data") {
   const auto [side_a, side_b] = sides();
-  auto a = tide::test::make_engine(config(side_a));
   auto cb = config(side_b);
   cb.notify_rate_per_peer = 0;
-  auto b = tide::test::make_engine(cb);
   constexpr std::size_t kBurst = 300, kSize = 4096;
-  buffer src(kBurst * kSize), dst(kBurst * kSize);
-  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
-  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
-  const auto seg = a->open_segment(b->segment_name()).value();
-  const auto dst_id = b->buffer_id(dst.data).value();
-  // Connect first, so that the burst finds the endpoint up (a notification
-  // while it connects goes over TCP).
-  auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
-  REQUIRE(tide::test::run_one(*a, warm));
+  connected_pair p(config(side_a), cb, kBurst * kSize);
+  auto& [a, b, src, dst, seg, dst_id] = p;
+  p.connect();  // so that the burst finds the endpoint up
   std::vector<tide::batch_id> batches;
   submit_burst(*a, seg, dst_id, src, kBurst, kSize, "burst ", &batches);
   for (auto batch : batches) {
@@ -559,16 +569,10 @@ TEST_CASE("a burst of notifications past the credits, read late: none lost, none
 
 TEST_CASE("a lone WRITE's notification rides behind it: read with its bytes there, once; a lone WRITE that fails takes it down") {
   const auto [side_a, side_b] = sides();
-  auto a = tide::test::make_engine(config(side_a));
-  auto b = tide::test::make_engine(config(side_b));
   constexpr std::size_t kWrites = 200, kSlot = 4096;
-  buffer src(kWrites * kSlot), dst(kWrites * kSlot);
-  REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
-  REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
-  const auto seg = a->open_segment(b->segment_name()).value();
-  const auto dst_id = b->buffer_id(dst.data).value();
-  auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
-  REQUIRE(tide::test::run_one(*a, warm));  // the endpoint up: a notification while it connects goes over TCP
+  connected_pair p(config(side_a), config(side_b), kWrites * kSlot);
+  auto& [a, b, src, dst, seg, dst_id] = p;
+  p.connect();
 
   std::mt19937_64 rng(36);
   std::size_t bad_bytes = 0, wrong = 0;
@@ -638,14 +642,9 @@ TEST_CASE("a peer that does not advertise RDMA notifications gets them over TCP,
     CAPTURE(target_off);
     auto ca = config(side_a), cb = config(side_b);
     (target_off ? cb : ca).notify_rdma_credits = 0;
-    auto a = tide::test::make_engine(ca);
-    auto b = tide::test::make_engine(cb);
     constexpr std::size_t kN = 20, kSize = 8192;
-    buffer src(kN * kSize), dst(kN * kSize);
-    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
-    REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
-    const auto seg = a->open_segment(b->segment_name()).value();
-    const auto dst_id = b->buffer_id(dst.data).value();
+    connected_pair p(ca, cb, kN * kSize);
+    auto& [a, b, src, dst, seg, dst_id] = p;
     std::vector<tide::batch_id> batches;
     submit_burst(*a, seg, dst_id, src, kN, kSize, "plain ", &batches);
     for (auto batch : batches) {
