@@ -1,9 +1,11 @@
 """The drop-in package (python/compat, distribution tide-mooncake-compat) as a
 user installs it: a venv with Debian's site packages, the tide wheel and the
 compat package installed offline, then Mooncake's import line and a transfer
-over TCP; and its refusal to stand in for a real Mooncake.  Needs the wheel
-tools/python-wheel built (TIDE_TEST_WHEEL_DIR) and the package's source
-(TIDE_TEST_COMPAT_DIR); both are set by tools/python-wheel."""
+over TCP; and its refusal to stand in for a real Mooncake.  Needs the package's
+source (TIDE_TEST_COMPAT_DIR) and the wheel tools/python-wheel built
+(TIDE_TEST_WHEEL_DIR), or, without a wheel, a venv with tide installed running
+the suite (tools/python-wheel with TIDE_PY_VENV): the package then goes into a
+copy of that venv.  tools/python-wheel sets them."""
 from __future__ import annotations
 
 import os
@@ -16,8 +18,10 @@ import pytest
 
 WHEELS = os.environ.get("TIDE_TEST_WHEEL_DIR", "")
 COMPAT = os.environ.get("TIDE_TEST_COMPAT_DIR", "")
-pytestmark = pytest.mark.skipif(not (WHEELS and COMPAT and Path(COMPAT, "pyproject.toml").is_file()),
-                                reason="needs TIDE_TEST_WHEEL_DIR and TIDE_TEST_COMPAT_DIR (tools/python-wheel test)")
+IN_VENV = sys.prefix != sys.base_prefix
+pytestmark = pytest.mark.skipif(not ((WHEELS or IN_VENV) and COMPAT and Path(COMPAT, "pyproject.toml").is_file()),
+                                reason="needs TIDE_TEST_COMPAT_DIR, and TIDE_TEST_WHEEL_DIR or a venv "
+                                       "(tools/python-wheel test)")
 
 TRANSFER = r"""
 import numpy as np
@@ -52,14 +56,21 @@ def _run(venv: Path, code: str, env=None, cwd="/"):
 def venv(tmp_path_factory):
     root = tmp_path_factory.mktemp("compat")
     venv = root / "venv"
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     compat = root / "compat"
     shutil.copytree(COMPAT, compat, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    wheels = sorted(Path(WHEELS).glob("tide_transfer_engine-*.whl"))
-    assert wheels, f"no tide_transfer_engine wheel in {WHEELS}"
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-build-isolation", "--no-index",
-                        str(wheels[-1]), str(compat)], capture_output=True, text=True, timeout=600)
+    if WHEELS:
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        wheels = sorted(Path(WHEELS).glob("tide_transfer_engine-*.whl"))
+        assert wheels, f"no tide_transfer_engine wheel in {WHEELS}"
+        packages = [str(wheels[-1]), str(compat)]
+    else:
+        # The running venv has tide as its user installed it; the tests below add files to
+        # their venv's site-packages, so they get a copy (bin/python stays a link to the base).
+        shutil.copytree(sys.prefix, venv, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        packages = ["--force-reinstall", "--no-deps", str(compat)]
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-build-isolation",
+                        "--no-index", *packages], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return venv
 

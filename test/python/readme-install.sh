@@ -5,27 +5,45 @@
 # `from mooncake.engine import TransferEngine`; then README.md's Python quick start as written.
 # Run by tools/run-tests (stage python-install).
 #
-#   bash test/python/readme-install.sh [--keep]    --keep: leave the clone (its path is printed)
+#   bash test/python/readme-install.sh [--keep | --into DIR]
+#     --keep: leave the clone (its path is printed)
+#     --into DIR: clone into DIR (emptied first) and leave it; tools/run-tests then runs the python
+#                 stages' pytest with the venv it made, DIR/.venv, instead of building the module twice
 #
 # The apt-get line runs as written when a package it names is missing (as root); when all are
 # installed it is reported and skipped, so that no apt lock is taken.  Exit status 0 when every
 # block and the transfers passed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd -P)
-keep=0
-for a in "$@"; do
+keep=0 into=
+while (($#)); do
+  a=$1
+  shift
   case $a in
     --keep) keep=1 ;;
+    --into)
+      (($#)) || { echo "readme-install: --into needs a directory" >&2; exit 2; }
+      into=$1 keep=1
+      shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "readme-install: unknown argument '$a' (see --help)" >&2; exit 2 ;;
   esac
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/tide-readme-install.XXXXXX")
-((keep)) && echo "readme-install: clone kept in $work/tide" >&2 || trap 'rm -rf "$work"' EXIT
-git clone -q "$root" "$work/tide"
+trap 'rm -rf "$work"' EXIT  # the scratch files; the clone lives here unless kept elsewhere
+clone=$work/tide
+if [[ -n $into ]]; then
+  mkdir -p "$(dirname "$into")"
+  clone=$(cd "$(dirname "$into")" && pwd -P)/$(basename "$into")
+  rm -rf "$clone"
+elif ((keep)); then
+  clone=$(mktemp -d "${TMPDIR:-/tmp}/tide-readme-install-clone.XXXXXX")/tide
+fi
+((keep)) && echo "readme-install: clone kept in $clone" >&2
+git clone -q "$root" "$clone"
 
 # The blocks of the section "## Install" (with its subsections), as one script.
-/usr/bin/python3 - "$work/tide/python/README.md" > "$work/blocks.sh" <<'EOF'
+/usr/bin/python3 - "$clone/python/README.md" > "$work/blocks.sh" <<'EOF'
 import re, sys
 text = open(sys.argv[1]).read()
 m = re.search(r"^## Install\n(.*?)(?=^## )", text + "\n## end\n", re.S | re.M)
@@ -47,7 +65,7 @@ echo "=== the blocks of python/README.md's Install section:" >&2
 cat "$work/blocks.sh" >&2
 
 (
-  cd "$work/tide"
+  cd "$clone"
   # apt-get as written when something is missing, else nothing (no lock, no network).
   apt-get() {
     local p missing=()
@@ -67,7 +85,7 @@ cat "$work/blocks.sh" >&2
 )
 
 echo "=== a transfer over TCP with the venv the blocks made" >&2
-py=$work/tide/.venv/bin/python
+py=$clone/.venv/bin/python
 cd "$work"  # not the clone: `import tide` must be the installed module
 "$py" - <<'EOF'
 import tide
@@ -102,7 +120,7 @@ EOF
 echo "=== README.md's Python quick start (target.py, initiator.py) as written" >&2
 # The blocks are run unchanged; the environment keeps them on loopback (a program that sets no
 # local_server_name takes TIDE_LOCAL_SERVER_NAME).
-/usr/bin/python3 - "$work/tide/README.md" "$work" <<'EOF'
+/usr/bin/python3 - "$clone/README.md" "$work" <<'EOF'
 import re, sys
 readme, out = open(sys.argv[1]).read(), sys.argv[2]
 blocks = re.findall(r"^```python\n(.*?)^```", readme, re.S | re.M)
