@@ -35,3 +35,16 @@ tide_configure() {
     meson setup "$TIDE_BUILD" "$TIDE_ROOT" --wrap-mode=nodownload "$@" >&2 || tide_die "meson setup failed"
   fi
 }
+
+# tide_tsan_configure DIR: meson setup of DIR with ThreadSanitizer unless it is configured already.
+# One directory serves the TSan unit tests (tools/sanitize tsan) and the data path's
+# (tools/tsan-rxe), so the library is compiled once for both. Boost.Asio's fences make g++ warn
+# under TSan (-Wtsan). -O1 (not debugoptimized's -O2): faster to build, and TSan's reports keep
+# their frames.
+tide_tsan_configure() {
+  local dir=$1 cxx=${CXX:-g++}
+  [[ -f $dir/build.ninja ]] && return 0
+  command -v ccache > /dev/null && [[ $cxx != ccache* ]] && cxx="ccache $cxx"
+  CXX=$cxx meson setup "$dir" "$TIDE_ROOT" --wrap-mode=nodownload -Db_sanitize=thread -Dbuildtype=debug \
+    -Doptimization=1 -Dcpp_args="-Wno-tsan" >&2 || tide_die "meson setup of $dir failed"
+}
