@@ -4,6 +4,8 @@
 
 TIDE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 TIDE_BUILD=${TIDE_BUILD:-$TIDE_ROOT/build}
+# The ThreadSanitizer build tools/sanitize (its TSan half) and tools/tsan-rxe share.
+TIDE_TSAN_BUILD=${TIDE_TSAN_BUILD:-$TIDE_ROOT/build-tsan-rxe}
 # What building and testing tide needs; the VM's own needs are tools/rxe-vm's.
 TIDE_PACKAGES=(meson ninja-build g++ pkg-config cmake libibverbs-dev librdmacm-dev libnuma-dev
                libboost-dev nlohmann-json3-dev doctest-dev libexpected-dev iproute2
@@ -36,13 +38,13 @@ tide_configure() {
   fi
 }
 
-# tide_tsan_configure DIR: meson setup of DIR with ThreadSanitizer unless it is configured already.
-# One directory serves the TSan unit tests (tools/sanitize tsan) and the data path's
-# (tools/tsan-rxe), so the library is compiled once for both. Boost.Asio's fences make g++ warn
-# under TSan (-Wtsan). -O1 (not debugoptimized's -O2): faster to build, and TSan's reports keep
-# their frames.
+# tide_tsan_configure: meson setup of $TIDE_TSAN_BUILD with ThreadSanitizer unless it is
+# configured already. One directory serves the TSan unit tests (tools/sanitize tsan) and the
+# data path's (tools/tsan-rxe), so the library is compiled once for both. Boost.Asio's fences
+# make g++ warn under TSan (-Wtsan). -O1 (not debugoptimized's -O2): faster to build, and TSan's
+# reports keep their frames.
 tide_tsan_configure() {
-  local dir=$1 cxx=${CXX:-g++}
+  local dir=$TIDE_TSAN_BUILD cxx=${CXX:-g++}
   [[ -f $dir/build.ninja ]] && return 0
   command -v ccache > /dev/null && [[ $cxx != ccache* ]] && cxx="ccache $cxx"
   CXX=$cxx meson setup "$dir" "$TIDE_ROOT" --wrap-mode=nodownload -Db_sanitize=thread -Dbuildtype=debug \
