@@ -41,12 +41,12 @@ tide_configure() {
 # tide_tsan_configure: meson setup of $TIDE_TSAN_BUILD with ThreadSanitizer unless it is
 # configured already. One directory serves the TSan unit tests (tools/sanitize tsan) and the
 # data path's (tools/tsan-rxe), so the library is compiled once for both. Boost.Asio's fences
-# make g++ warn under TSan (-Wtsan). -O1 (not debugoptimized's -O2): faster to build, and TSan's
-# reports keep their frames.
+# make g++ warn under TSan (-Wtsan). -O1 (not debugoptimized's -O2) and -g1 (line tables only):
+# faster to build, and TSan's reports keep their frames and lines.
 tide_tsan_configure() {
   local dir=$TIDE_TSAN_BUILD cxx=${CXX:-g++}
   [[ -f $dir/build.ninja ]] && return 0
   command -v ccache > /dev/null && [[ $cxx != ccache* ]] && cxx="ccache $cxx"
   CXX=$cxx meson setup "$dir" "$TIDE_ROOT" --wrap-mode=nodownload -Db_sanitize=thread -Dbuildtype=debug \
-    -Doptimization=1 -Dcpp_args="-Wno-tsan" >&2 || tide_die "meson setup of $dir failed"
+    -Doptimization=1 -Dcpp_args="-Wno-tsan -g1" >&2 || tide_die "meson setup of $dir failed"
 }
