@@ -286,7 +286,7 @@ TEST_CASE("notify_outbox: a SEND the lane saw complete is counted and freed on t
 
 namespace {
 
-// An item whose SEND lane 0 posted behind its one WRITE (notify_lane.hpp's
+// An item whose SEND lane 0 posted behind its one WRITE (notify_port.hpp's
 // ride): submitted with one one-slice task, `rides` set as the lane sets it.
 detail::notify_outbox::item* riding(detail::notify_outbox& out, batch_state& b, std::size_t task, fake_lane& lane) {
   auto item = out.make("peer:1", notify_desc{"me", "kv " + std::to_string(task)}, 1);

@@ -58,6 +58,7 @@
 #include <tide/detail/log.hpp>
 #include <tide/errc.hpp>
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/notify_send.hpp>
 #include <tide/wire/descriptors.hpp>
 
 #include <atomic>

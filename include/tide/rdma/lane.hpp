@@ -15,7 +15,7 @@
 ///  - memory the lane allocates (posted rings, group vector) is first
 ///    touched by the lane thread, which runs on its NIC's NUMA node.
 ///  - RDMA notifications (lane 0 only: QP 0 carries them): notify_port,
-///    detail/notify_lane.hpp; take_notify() from any thread.
+///    detail/notify_port.hpp; take_notify() from any thread.
 ///
 /// Credits: the lane posts on a QP only while the QP's send queue has room
 /// and its CQ has a free entry per WR.  Every WR counts against the CQ, not
@@ -27,7 +27,8 @@
 #include <tide/rdma/detail/drop_stopped.hpp>
 #include <tide/rdma/detail/lane_mail.hpp>
 #include <tide/rdma/detail/lane_thread.hpp>
-#include <tide/rdma/detail/notify_lane.hpp>
+#include <tide/rdma/detail/notify_port.hpp>
+#include <tide/rdma/detail/notify_send.hpp>
 #include <tide/rdma/detail/policy_adapt.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/detail/slice_queue.hpp>

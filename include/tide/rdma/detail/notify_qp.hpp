@@ -28,6 +28,7 @@
 /// The slab is deregistered after the QPs are destroyed (endpoint members).
 
 #include <tide/rdma/detail/batch.hpp>
+#include <tide/rdma/detail/notify_send.hpp>
 #include <tide/verbs/mr.hpp>
 #include <tide/verbs/pd.hpp>
 #include <tide/wire/descriptors.hpp>

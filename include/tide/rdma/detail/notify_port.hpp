@@ -17,6 +17,7 @@
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/detail/notify_qp.hpp>
+#include <tide/rdma/detail/notify_send.hpp>
 #include <tide/rdma/detail/retire_wr.hpp>
 #include <tide/rdma/endpoint.hpp>
 #include <tide/rdma/endpoint_store.hpp>
