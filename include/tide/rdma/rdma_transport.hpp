@@ -14,9 +14,9 @@
 ///              again, past max_retry, until its task's deadline.
 ///
 /// Files: this one is the facade (config, members); rdma_transport_impl.hpp
-/// setup, memory, segments and request resolution; transport_dispatch.hpp
-/// planning, rail choice, dispatch, retry and stats; transport_connect.hpp
-/// the passive handshake.
+/// setup, segments and request resolution; transport_memory.hpp local
+/// memory; transport_dispatch.hpp planning, rail choice, dispatch, retry and
+/// stats; transport_connect.hpp the passive handshake.
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/batch_table.hpp>
@@ -434,5 +434,6 @@ class rdma_transport {
 }  // namespace tide::rdma
 
 #include <tide/rdma/detail/rdma_transport_impl.hpp>
+#include <tide/rdma/detail/transport_memory.hpp>
 #include <tide/rdma/detail/transport_connect.hpp>
 #include <tide/rdma/detail/transport_dispatch.hpp>
