@@ -155,9 +155,10 @@ struct engine_config {
   /// by group or others.  "" = none: Mooncake's unauthenticated wire.  Set:
   /// every handshake exchange (connect, metadata, notify) is authenticated
   /// both ways (HMAC-SHA256 over both sides' fresh nonces, wire/auth.hpp), a
-  /// re-handshake for an endpoint is taken only from the identity that
-  /// first connected it, and published descriptors seal buffer addresses
-  /// and rkeys (AES-256-GCM, wire/seal.hpp).  Peers without it (Mooncake
+  /// peer may connect or re-handshake only NIC paths whose server part is
+  /// its authenticated segment name (wire::check_peer_identity), and
+  /// published descriptors seal buffer addresses and rkeys (AES-256-GCM,
+  /// wire/seal.hpp).  Peers without it (Mooncake
   /// included) then get nothing and see errors; every tide peer of the
   /// cluster needs the same file.
   std::string auth_secret_file;
