@@ -336,18 +336,12 @@ result<engine_config> engine_config::resolve(config_report* report) const {
 result<transport_set> parse_transports(std::string_view text) {
   transport_set t;
   t.rdma = t.tcp = false;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t end = std::min(text.find(',', at), text.size());
-    std::string_view word = text.substr(at, end - at);
-    while (!word.empty() && word.front() == ' ') word.remove_prefix(1);
-    while (!word.empty() && word.back() == ' ') word.remove_suffix(1);
+  for (std::string_view word : config_detail::comma_words(text)) {
     if (word == "rdma") t.rdma = true;
     else if (word == "tcp") t.tcp = true;
     else
       return fail(errc::config_invalid, "transports \"" + std::string(text) + "\": \"" + std::string(word) +
                                             "\" is not a transport (rdma, tcp, or both: \"rdma,tcp\")");
-    at = end + 1;
   }
   return t;
 }

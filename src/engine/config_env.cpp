@@ -32,15 +32,8 @@ std::optional<bool> parse_flag(std::string_view text) {
 
 std::vector<std::string> split_list(std::string_view text) {
   std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t end = std::min(text.find(',', at), text.size());
-    std::string_view item = text.substr(at, end - at);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+  for (std::string_view item : comma_words(text))
     if (!item.empty()) out.emplace_back(item);
-    at = end + 1;
-  }
   return out;
 }
 

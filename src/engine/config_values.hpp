@@ -5,6 +5,7 @@
 
 #include "config_table.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -35,6 +36,22 @@ void assign(T& field, long long x) {
 
 inline std::string range_text(long long lo, long long hi) {
   return "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
+// The comma-separated words of `text`, blanks around each trimmed; an empty
+// word is kept (where a list skips it, a transport set refuses it).
+inline std::vector<std::string_view> comma_words(std::string_view text) {
+  std::vector<std::string_view> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    std::string_view word = text.substr(at, end - at);
+    while (!word.empty() && word.front() == ' ') word.remove_prefix(1);
+    while (!word.empty() && word.back() == ' ') word.remove_suffix(1);
+    out.push_back(word);
+    at = end + 1;
+  }
+  return out;
 }
 
 // The value of a variable; nullptr when unset or empty (empty counts as unset).

@@ -153,6 +153,30 @@ TEST_CASE("TIDE_* variables: one name per key, strict values, former spellings w
   }
 }
 
+TEST_CASE("comma lists: blanks trimmed; an empty item is skipped in a device list and refused as a transport") {
+  env_guard env;
+  env.set("TIDE_DEVICES", " rxe0 ,, rxe1 ,");
+  auto eff = engine_config{}.resolve();
+  REQUIRE(eff);
+  CHECK(eff->devices == std::vector<std::string>{"rxe0", "rxe1"});
+
+  auto both = parse_transports(" tcp , rdma ");
+  REQUIRE(both);
+  CHECK(both->rdma);
+  CHECK(both->tcp);
+  auto one = parse_transports("tcp");
+  REQUIRE(one);
+  CHECK_FALSE(one->rdma);
+  CHECK(one->tcp);
+  for (const std::string bad : {"rdma,,tcp", "", "rdma,", "rdma;tcp"}) {
+    CAPTURE(bad);
+    auto r = parse_transports(bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::config_invalid);
+    CHECK(r.error().detail.find("is not a transport") != std::string::npos);
+  }
+}
+
 TEST_CASE("Mooncake's MC_* variables: Mooncake's values taken, the ones it ignores ignored with a warning") {
   struct mc_case {
     const char* var;
