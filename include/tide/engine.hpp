@@ -175,6 +175,14 @@ struct engine_config {
   /// Mooncake's TCP notify message.  Each receive is a 4 KiB + header
   /// buffer per endpoint (R + 2 of them).
   std::uint32_t notify_rdma_credits = 8;
+  /// take_notifies(wait) with nothing queued runs lane 0 of the first NIC
+  /// on the calling thread while it waits (the lane thread waits instead),
+  /// so that a notification's SEND wakes the reader and not the lane that
+  /// would then wake it: one wake-up instead of two.  Meanwhile lane 0's
+  /// work runs on the reader's CPU, not on lane_cpus.  false: the reader
+  /// sleeps on the inbox, as it always does with notify_rdma_credits 0 or
+  /// an idle strategy that does not sleep on completions (busy_poll, hybrid).
+  bool notify_wait_on_lane = true;
   /// The NIC priority matrix as JSON text, instead of the sysfs scan.
   std::string custom_topology_json;
   /// The same read from a file (Mooncake's MC_CUSTOM_TOPO_JSON names a

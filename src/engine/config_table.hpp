@@ -180,6 +180,10 @@ status each(F&& f) {
   TIDE_SETTING(notify_rdma_credits, .key = "notify_rdma_credits",
                .meaning = "Receives each endpoint posts for notifications over RDMA (tide peers); 0: TCP only",
                .lo = 0, .hi = 64)
+  TIDE_SETTING(notify_wait_on_lane, .key = "notify_wait_on_lane",
+               .meaning = "take_notifies(wait) runs lane 0 of the first NIC while it waits, so that an RDMA "
+                          "notification wakes the reader itself; false: the reader sleeps until the lane wakes it",
+               .lo = 0, .hi = 1)
   // ---- engine limits ----
   TIDE_SETTING(max_batches, .key = "max_batches", .meaning = "Batches allocated at once", .lo = 1, .hi = 1LL << 24)
   TIDE_SETTING(max_tasks_per_batch, .key = "max_tasks_per_batch",

@@ -392,7 +392,32 @@ status transfer_engine<P>::probe(std::string_view segment, std::chrono::millisec
 
 template <class P>
 std::vector<notify_desc> transfer_engine<P>::take_notifies(std::chrono::milliseconds wait) {
-  return impl_->inbox.take(wait);
+  auto& inbox = impl_->inbox;
+  // Lane 0 takes RDMA notifications only where its idle strategy sleeps on
+  // the completion channel (not busy_poll's or hybrid's: a reader running
+  // such a lane would spin) and notify_rdma_credits is not 0.
+  if (P::idle::wakes_on_completion && cfg_.notify_wait_on_lane && cfg_.notify_rdma_credits != 0 &&
+      wait.count() > 0 && !inbox.has_messages() && transport_->context_count() != 0 &&
+      transport_->context(0).lanes().size() != 0) {
+    // Wait on lane 0 of the first NIC, which takes RDMA notifications
+    // (detail/lane_lending.hpp): the SEND's completion then wakes this
+    // thread, not the lane that would wake it next.  A notification that
+    // comes another way (TCP, another NIC's lane) wakes it through the inbox.
+    // Handing the lane over costs two wake-ups of its own, which pay only
+    // when the message is not already on its way: the first millisecond of
+    // the wait is the inbox's (bench/notify-latency, reader caller).
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    constexpr std::chrono::milliseconds kInboxFirst{1};
+    if (auto got = inbox.take(std::min(wait, kInboxFirst)); !got.empty() || wait <= kInboxFirst) return got;
+    auto& lane = transport_->context(0).lanes().at(0);
+    inbox.watch([&lane] { lane.wake_borrower(); });
+    (void)lane.run_borrowed(deadline, [&inbox]() noexcept { return inbox.has_messages(); });
+    inbox.unwatch();
+    // What is left of the wait (all of it when another reader has the lane).
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    wait = std::max(std::chrono::milliseconds{0}, left);
+  }
+  return inbox.take(wait);
 }
 
 template <class P>

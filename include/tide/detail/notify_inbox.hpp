@@ -27,19 +27,22 @@
 // still recognised (a table that started over at 4096 pairs forgot every
 // sender at once: review 1ab3d99, finding 19).
 //
-// Thread safety: every member takes the one mutex; push runs on handshake
-// handler threads and on lane 0 of a context (RDMA notifications), take and
-// stats on user threads.
+// Thread safety: every member takes the one mutex (has_messages reads an
+// atomic copy of the count); push runs on handshake handler threads and on
+// lane 0 of a context (RDMA notifications: its thread, or a reader that
+// borrowed it), take and stats on user threads.
 
 #include <tide/wire/descriptors.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <bitset>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <list>
 #include <mutex>
@@ -109,7 +112,9 @@ class notify_inbox {
     if (seen != nullptr) seen->add(n.id->seq);
     bytes_ += size;
     ++stats_.accepted;
+    queued_.store(q_.size(), std::memory_order_release);
     if (waiters_ != 0) arrived_.notify_all();
+    if (on_arrival_) on_arrival_();
     return true;
   }
 
@@ -124,7 +129,25 @@ class notify_inbox {
     std::vector<notify_desc> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
     q_.clear();
     bytes_ = 0;
+    queued_.store(0, std::memory_order_relaxed);
     return out;
+  }
+
+  /// Whether a message waits; one load, any thread.
+  [[nodiscard]] bool has_messages() const noexcept { return queued_.load(std::memory_order_acquire) != 0; }
+
+  /// While a watch is open, push() calls `wake` (under the inbox's lock:
+  /// it must not call back into the inbox) after queuing a message: a
+  /// reader that waits elsewhere than in take() (on a lane,
+  /// rdma::lane::run_borrowed) is woken by it.  Watches nest; every one
+  /// passes the same `wake` (the first one's is kept).  Any thread.
+  void watch(std::function<void()> wake) {
+    std::lock_guard lock(mu_);
+    if (watches_++ == 0) on_arrival_ = std::move(wake);
+  }
+  void unwatch() {
+    std::lock_guard lock(mu_);
+    if (watches_ != 0 && --watches_ == 0) on_arrival_ = nullptr;
   }
 
   [[nodiscard]] notify_stats stats() const {
@@ -235,6 +258,9 @@ class notify_inbox {
   std::condition_variable arrived_;  ///< take() with a wait sleeps on it
   std::size_t waiters_ = 0;          ///< such take() calls (a push notifies only then)
   std::deque<notify_desc> q_;
+  std::atomic<std::size_t> queued_{0};  ///< q_.size(), for has_messages() (written under mu_)
+  std::function<void()> on_arrival_;     ///< while watches_ != 0
+  std::size_t watches_ = 0;
   std::size_t bytes_ = 0;
   std::unordered_map<std::string, bucket> senders_;
   // Duplicate windows: senders most recently used first, each with its

@@ -16,6 +16,9 @@
 ///    touched by the lane thread, which runs on its NIC's NUMA node.
 ///  - RDMA notifications (lane 0 only: QP 0 carries them): notify_port,
 ///    detail/notify_port.hpp; take_notify() from any thread.
+///  - run_borrowed(): another thread runs the loop for a while, and owns
+///    all of the above while it does (the lane thread waits meanwhile;
+///    detail/lane_lending.hpp).
 ///
 /// Credits: the lane posts on a QP only while the QP's send queue has room
 /// and its CQ has a free entry per WR.  Every WR counts against the CQ, not
@@ -25,6 +28,7 @@
 
 #include <tide/detail/log.hpp>
 #include <tide/rdma/detail/drop_stopped.hpp>
+#include <tide/rdma/detail/lane_lending.hpp>
 #include <tide/rdma/detail/lane_mail.hpp>
 #include <tide/rdma/detail/lane_thread.hpp>
 #include <tide/rdma/detail/notify_port.hpp>
@@ -167,6 +171,34 @@ class lane final : public detail::notify_sink {
   }
 
   void wake() noexcept { idle_->wake(); }
+  /// After making a run_borrowed caller's done() true: wakes it wherever it
+  /// waits (for the lane, or running it).  Any thread.
+  void wake_borrower() {
+    idle_->wake();
+    lender_.poke();
+  }
+
+  /// Runs the lane's loop on the calling thread (the lane thread waits)
+  /// until `done()`, `deadline` or stop(), so that a thread waiting for
+  /// what the lane produces is the one the kernel wakes
+  /// (detail/lane_lending.hpp).  False when the lane was not to be had
+  /// (stopped, another thread has it, or done() or the deadline came while
+  /// waiting for it); true once the caller ran it.  `done` must not throw;
+  /// it runs between the lane's passes and in its idle re-check; whoever
+  /// makes it true calls wake_borrower().  Any thread but the lane's.
+  template <class Done>
+  bool run_borrowed(std::chrono::steady_clock::time_point deadline, Done&& done) {
+    if (!running_.load(std::memory_order_acquire)) return false;
+    if (!lender_.borrow(deadline, [this] { idle_->wake(); }, done)) return false;
+    auto leave = [&]() noexcept {
+      return !running_.load(std::memory_order_relaxed) || done() || std::chrono::steady_clock::now() >= deadline;
+    };
+    while (!leave()) step(leave);
+    lender_.give_back();
+    return true;
+  }
+  /// Times the lane was lent to run_borrowed (tests).
+  [[nodiscard]] unsigned long times_lent() const { return lender_.lends(); }
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   /// Data WRs this lane has posted (any thread may read).
   [[nodiscard]] std::uint64_t posted_wrs() const noexcept { return posted_wrs_.load(std::memory_order_relaxed); }
@@ -205,21 +237,33 @@ class lane final : public detail::notify_sink {
     groups_.reserve(16);  // first touch on the lane's node
     posted_.reserve(16);
     while (running_.load(std::memory_order_relaxed)) {
-      if (pass()) {
-        idle_->on_work();
+      if (lender_.wanted()) [[unlikely]] {
+        lender_.lend([this] { idle_->wake(); });
         continue;
       }
-      if ((cq_used_ != 0 && !detail::kIdleWaitsOnCq<P>) || notify_.busy()) {
-        // (Or a notification waits for a credit: that wait is bounded by
-        // time, which a sleep would not see pass.)
-        // Completions are on their way and this idle strategy would sleep
-        // past them: keep polling.
-        detail::cpu_relax();
-        continue;
-      }
-      idle_->on_empty([&]() noexcept { return pass() || !running_.load(std::memory_order_relaxed); });
+      step([this]() noexcept { return !running_.load(std::memory_order_relaxed) || lender_.wanted(); });
     }
+    lender_.close();
     drain_on_stop();
+  }
+
+  // One turn of the lane's loop: a pass, else a spin or the idle strategy's
+  // sleep, which `leave` (re-checked after announcing it) ends early.
+  template <class Leave>
+  void step(Leave&& leave) noexcept {
+    if (pass()) {
+      idle_->on_work();
+      return;
+    }
+    if ((cq_used_ != 0 && !detail::kIdleWaitsOnCq<P>) || notify_.busy()) {
+      // (Or a notification waits for a credit: that wait is bounded by
+      // time, which a sleep would not see pass.)
+      // Completions are on their way and this idle strategy would sleep
+      // past them: keep polling.
+      detail::cpu_relax();
+      return;
+    }
+    idle_->on_empty([&]() noexcept { return pass() || leave(); });
   }
 
   // One pass: control messages, queued slices, posts, completions.
@@ -607,6 +651,7 @@ class lane final : public detail::notify_sink {
   std::vector<handle> posted_;  ///< endpoints with WRs in this lane's rings
   std::vector<endpoint*> undrained_;  ///< QPs in ERR whose drain marker waits for room (each held)
   detail::notify_port<P> notify_;  ///< RDMA notifications (used on lane 0 only)
+  detail::lane_lender lender_;     ///< hands the loop to run_borrowed's caller
   detail::stage_pool stage_;       ///< bounce chunks for staged slices (lane thread)
   bool stages_ = false;            ///< a staged slice has reached this lane (then post_pending stages)
 };
