@@ -397,7 +397,7 @@ std::vector<notify_desc> transfer_engine<P>::take_notifies(std::chrono::millisec
   // the completion channel (not busy_poll's or hybrid's: a reader running
   // such a lane would spin) and notify_rdma_credits is not 0.
   if (P::idle::wakes_on_completion && cfg_.notify_wait_on_lane && cfg_.notify_rdma_credits != 0 &&
-      wait.count() > 0 && !inbox.has_messages() && transport_->context_count() != 0 &&
+      wait.count() > 0 && transport_->context_count() != 0 &&
       transport_->context(0).lanes().size() != 0) {
     // Wait on lane 0 of the first NIC, which takes RDMA notifications
     // (detail/lane_lending.hpp): the SEND's completion then wakes this
