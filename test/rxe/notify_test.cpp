@@ -31,6 +31,7 @@
 #include <tide/policy/in_process.hpp>
 
 #include "devices_under_test.hpp"
+#include "notify_pair.hpp"
 #include "raw_peer.hpp"
 #include "rxe_helpers.hpp"
 
@@ -55,6 +56,7 @@ using tide::transfer_op;
 using tide::transfer_request;
 using tide::transfer_state;
 using tide::test::buffer;
+using tide::test::connected_pair;
 
 std::vector<std::string> words(const char* var) {
   std::vector<std::string> out;
@@ -112,29 +114,6 @@ std::vector<tide::notify_desc> first_notifies(Engine& e) {
   }
   return got;
 }
-
-/// Engines on `ca` and `cb`, `bytes` of src registered at a and of dst at
-/// b, a's view of b's segment.  Members in the order the tests declared
-/// them, so the buffers still go before the engines.
-struct connected_pair {
-  connected_pair(const tide::engine_config& ca, const tide::engine_config& cb, std::size_t bytes)
-      : a(tide::test::make_engine(ca)), b(tide::test::make_engine(cb)), src(bytes), dst(bytes) {
-    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
-    REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
-    seg = a->open_segment(b->segment_name()).value();
-    dst_id = b->buffer_id(dst.data).value();
-  }
-  /// One 64 B WRITE, so the endpoint is up: a notification while it connects goes over TCP.
-  void connect() {
-    auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
-    REQUIRE(tide::test::run_one(*a, warm));
-  }
-
-  std::unique_ptr<tide::transfer_engine<>> a, b;
-  buffer src, dst;
-  tide::segment_id seg = 0;
-  std::uint32_t dst_id = 0;
-};
 
 /// outbox_stats() of `e` once nothing is pending there, or after `within` (callers check pending).
 template <class Engine>

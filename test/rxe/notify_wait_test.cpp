@@ -18,6 +18,7 @@
 #include <tide/engine.hpp>
 
 #include "devices_under_test.hpp"
+#include "notify_pair.hpp"
 #include "rxe_helpers.hpp"
 
 #include <atomic>
@@ -45,26 +46,14 @@ tide::engine_config config(const std::string& device, std::uint32_t rdma_credits
 
 constexpr std::size_t kSlot = 4096;
 
-struct pair_of_engines {
+// connected_pair on this file's config, its endpoint up.
+struct pair_of_engines : tide::test::connected_pair {
   explicit pair_of_engines(std::uint32_t initiator_credits = 8)
-      : a(tide::test::make_engine(config(tide::test::devices_under_test()[1], initiator_credits))),
-        b(tide::test::make_engine(config(tide::test::devices_under_test()[0]))),
-        src(kSlot),
-        dst(kSlot) {
-    REQUIRE(a->register_memory(src.data, src.size, "cpu:0"));
-    REQUIRE(b->register_memory(dst.data, dst.size, "cpu:0"));
-    seg = a->open_segment(b->segment_name()).value();
-    dst_id = b->buffer_id(dst.data).value();
-    // One WRITE, so the endpoint is up: a notification while it connects goes over TCP.
-    auto warm = transfer_request::in_buffer(transfer_op::write, src.data, seg, dst_id, 0, 64);
-    REQUIRE(tide::test::run_one(*a, warm));
+      : connected_pair(config(tide::test::devices_under_test()[1], initiator_credits),
+                       config(tide::test::devices_under_test()[0]), kSlot) {
+    connect();
   }
   [[nodiscard]] auto& target_lane0() { return b->transport().context(0).lanes().at(0); }
-
-  std::unique_ptr<tide::transfer_engine<>> a, b;
-  tide::test::buffer src, dst;
-  tide::segment_id seg = 0;
-  std::uint32_t dst_id = 0;
 };
 
 std::chrono::milliseconds since(clock_type::time_point t0) {
