@@ -203,6 +203,14 @@ struct engine_config {
   std::string etcd_password_file;
   /// http metadata: bearer token file for tide-metadata-server's PUT/DELETE.
   std::string metadata_token_file;
+  /// etcd/http metadata: 0 = a registration returns once the store holds
+  /// the descriptor with its buffer (Mooncake's promise; one store write of
+  /// the whole descriptor per call).  > 0 = it returns once the buffer is
+  /// registered here, and the store gets every change within this long: one
+  /// write per window, however many buffers (flush_metadata() makes it
+  /// current at once).  Unregistrations are stored before they return
+  /// either way.  No effect with p2p, which is always current.
+  std::chrono::milliseconds publish_delay{0};
   /// Completion-queue entries per lane (clamped to the device's max_cqe).  A
   /// lane never has more WRs outstanding than this, across all its QPs.
   int max_cqe = 4096;
@@ -394,7 +402,9 @@ class transfer_engine {
   /// unregistrations) from several threads at once share one store write
   /// (group commit: one encode and one PUT for all of them); one caller
   /// registering buffers one at a time still writes the descriptor, all
-  /// its buffers, once per call: use register_memory_batch for many.
+  /// its buffers, once per call: use register_memory_batch for many, or
+  /// set publish_delay (then the store gets the buffer within that delay,
+  /// and flush_metadata() waits for it).
   /// Errors: invalid_argument, zero_length, bad_location, already_registered,
   /// resource_exhausted / permission_denied (pinning), metadata errors.
   /// A store write that fails fails every registration that waited for it
@@ -425,6 +435,11 @@ class transfer_engine {
   /// All or nothing per buffer; one publish at the end.
   [[nodiscard]] status register_memory_batch(std::span<const buffer_entry> buffers, std::string_view location = "*");
   [[nodiscard]] status unregister_memory_batch(std::span<void* const> addrs);
+  /// etcd/http with publish_delay: stores every change made before the call
+  /// now, without waiting for the delay, and returns the store's status
+  /// (metadata errors).  Otherwise the store is already current: returns
+  /// at once.  Any thread.
+  [[nodiscard]] status flush_metadata();
 
   // ---- segments ----
   /// Looks the segment up (metadata) and returns its handle.  Errors:
@@ -586,6 +601,8 @@ class transfer_engine {
   // store it, sharing one write with concurrent callers.  `what` and
   // `after_failure` frame a store error for the caller.
   status store_changes(std::string_view what, std::string_view after_failure);
+  // store_changes, or with publish_delay hand the write to the deferred publisher.
+  status store_registrations(std::string_view what, std::string_view after_failure);
   void encode_if_stale();  // p2p: the descriptor a peer asks for, encoded if a publish came since
   status submit_notified(batch_id b, std::span<const transfer_request> requests, const notification& n);
   // The GID a Connection request without one refers to (open, one forced

@@ -198,6 +198,10 @@ status each(F&& f) {
   TIDE_SETTING(etcd_password_file, .key = "etcd_password_file", .meaning = "File holding the etcd user's password")
   TIDE_SETTING(metadata_token_file, .key = "metadata_token_file",
                .meaning = "http metadata: bearer token file for tide-metadata-server's PUT and DELETE")
+  TIDE_SETTING(publish_delay, .key = "publish_delay_ms",
+               .meaning = "etcd/http: 0: a registration returns once the store holds it; more: it returns at once "
+                          "and the store gets it within this long, one write per window (flush_metadata() at once)",
+               .lo = 0, .hi = 3600000, .unit = "ms")
   // ---- metrics ----
   TIDE_SETTING(metrics_port, .key = "metrics_port", .meaning = "Prometheus GET /metrics port; 0: off", .lo = 0,
                .hi = 65535)

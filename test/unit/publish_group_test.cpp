@@ -2,8 +2,11 @@
 // item 3): callers that arrive while a publish is in flight share the next
 // one; its status reaches each of them; what it stores covers every change
 // its members made before they joined; publishes never overlap.  Waits are
-// on the group's own state (pending_members), never on a sleep.  Runs under
-// TSan in tools/sanitize.
+// on the group's own state (pending_members), never on a sleep.  And the
+// deferred publisher above it (publish_delay_ms): one write per window, flush,
+// a retry after a failed write, teardown during a write.  Runs under TSan
+// in tools/sanitize.
+#include <tide/detail/deferred_publisher.hpp>
 #include <tide/detail/publish_group.hpp>
 
 #include <doctest/doctest.h>
@@ -222,4 +225,108 @@ TEST_CASE("publish_group stress: many threads, failing and succeeding rounds; a 
   CHECK(g.commits() == static_cast<std::uint64_t>(kThreads * kEach));
   CHECK(g.rounds() == static_cast<std::uint64_t>(store.publishes.load()));
   MESSAGE((kThreads * kEach) << " commits shared " << g.rounds() << " publishes");
+}
+
+// ---- deferred_publisher (publish_delay_ms): one write per window ----
+
+TEST_CASE("deferred_publisher: changes from 8 threads are stored by one write per window, the last one covering all") {
+  fake_store store;
+  publish_group group;
+  constexpr auto kDelay = 20ms;
+  tide::detail::deferred_publisher deferred(kDelay, [&] {
+    return group.commit([&] { return store.publish([] { return status{}; }); });
+  });
+  constexpr std::size_t kThreads = 8, kEach = 500;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      for (std::size_t i = 0; i < kEach; ++i) {
+        (void)store.change();
+        deferred.changed();
+      }
+    });
+  for (auto& th : threads) th.join();
+  REQUIRE(wait_until([&] { return store.covered(kThreads * kEach - 1); }));
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  // A window opens at the first change it has not stored and its write runs
+  // when it closes: writes are at least kDelay apart.
+  const auto windows = static_cast<int>(elapsed / kDelay) + 1;
+  CHECK(store.publishes.load() >= 1);
+  CHECK_MESSAGE(store.publishes.load() <= windows, store.publishes.load() << " writes in " << windows << " windows");
+  CHECK_FALSE(store.overlapped.load());
+}
+
+TEST_CASE("deferred_publisher: flush stores at once and returns the store's error; the changes stay pending") {
+  fake_store store;
+  publish_group group;
+  std::atomic<int> failures_left{1};
+  // A window far past the test: only flush writes.
+  tide::detail::deferred_publisher deferred(600000ms, [&] {
+    return group.commit([&] {
+      return store.publish([&] {
+        return failures_left.fetch_sub(1) > 0 ? tide::fail(errc::metadata_unavailable, "store down") : status{};
+      });
+    });
+  });
+  (void)store.change();
+  deferred.changed();
+  CHECK(store.publishes.load() == 0);  // the window has not closed
+  auto r = deferred.flush();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::metadata_unavailable);
+  CHECK(r.error().detail == "store down");
+  CHECK_FALSE(store.covered(0));
+  CHECK(deferred.flush());
+  CHECK(store.covered(0));
+  CHECK(store.publishes.load() == 2);
+}
+
+TEST_CASE("deferred_publisher: a failed window write is tried again, a second later at the soonest") {
+  fake_store store;
+  publish_group group;
+  std::atomic<int> failures_left{1};
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> writes;  // under mu
+  tide::detail::deferred_publisher deferred(10ms, [&] {
+    {
+      std::lock_guard lock(mu);
+      writes.push_back(std::chrono::steady_clock::now());
+    }
+    return group.commit([&] {
+      return store.publish([&] {
+        return failures_left.fetch_sub(1) > 0 ? tide::fail(errc::metadata_unavailable, "store down") : status{};
+      });
+    });
+  });
+  (void)store.change();
+  deferred.changed();
+  REQUIRE(wait_until([&] { return store.covered(0); }));
+  std::lock_guard lock(mu);
+  REQUIRE(writes.size() == 2);
+  CHECK(writes[1] - writes[0] >= 1s);  // not every 10 ms against a store that is down
+}
+
+TEST_CASE("deferred_publisher: destroyed during a write, with a change pending: it waits for the write and returns") {
+  fake_store store;
+  publish_group group;
+  std::atomic<bool> writing{false};
+  {
+    tide::detail::deferred_publisher deferred(1ms, [&] {
+      return group.commit([&] {
+        return store.publish([&] {
+          writing = true;
+          std::this_thread::sleep_for(100ms);  // the PUT, slow: the destructor comes meanwhile
+          return status{};
+        });
+      });
+    });
+    (void)store.change();
+    deferred.changed();
+    REQUIRE(wait_until([&] { return writing.load(); }));
+    (void)store.change();
+    deferred.changed();  // pending when the destructor runs: dropped
+  }
+  CHECK(store.publishes.load() == 1);
+  CHECK(store.covered(0));
 }

@@ -9,6 +9,9 @@
 // descriptors).  Waits are on the engine's own state
 // (registrations_waiting), each with a safety limit that fails the test.
 //
+// With publish_delay the registrations return at once and one write per
+// window (or flush_metadata) stores them; unregistrations stay synchronous.
+//
 // Exits 77 (meson: skipped) with the reason printed when no etcd binary can
 // be found.
 
@@ -310,6 +313,103 @@ TEST_CASE_TEMPLATE("store stopped: every registration waiting for the write fail
   REQUIRE(owner->register_memory(memory.data() + (kWaiters + 1) * kEach, kEach, "cpu:0"));
   reader<S> peer(store, true);
   CHECK(peer.buffers(owner->segment_name()) == kWaiters + 2);
+}
+
+// ---- publish_delay: registrations leave their store write to a window ----
+
+template <class S>
+std::unique_ptr<tide::transfer_engine<typename S::policies>> make_delayed(const S& store, const std::string& secret,
+                                                                          std::chrono::milliseconds delay) {
+  auto c = config(store, secret);
+  c.publish_delay = delay;
+  auto e = tide::transfer_engine<typename S::policies>::create(c);
+  if (!e) FAIL("create: " << e.error().message());
+  return std::move(*e);
+}
+
+TEST_CASE_TEMPLATE("publish_delay: registrations return before the store has them; flush_metadata stores them all "
+                   "in one write; an unregistration is stored before it returns",
+                   S, etcd_store, http_store) {
+  secret_file secret;
+  S store;
+  // A window far past the test: only flush_metadata and unregistrations write.
+  auto owner = make_delayed(store, secret.path.string(), 600000ms);
+  constexpr std::size_t kBuffers = 200;
+  std::vector<unsigned char> memory(kBuffers * kEach);
+  reader<S> peer(store, true);
+  const int puts0 = S::backend::puts.load();
+  for (std::size_t i = 0; i < kBuffers; ++i) REQUIRE(owner->register_memory(memory.data() + i * kEach, kEach, "cpu:0"));
+  CHECK(S::backend::puts.load() == puts0);
+  CHECK(peer.buffers(owner->segment_name()) == 0);
+  REQUIRE(owner->flush_metadata());
+  CHECK(S::backend::puts.load() - puts0 == 1);
+  CHECK(peer.buffers(owner->segment_name()) == kBuffers);
+  CHECK(owner->flush_metadata());  // nothing changed: still one write, nothing lost
+  CHECK(peer.buffers(owner->segment_name()) == kBuffers);
+  // A batch waits for the window too; an unregistration does not, and its
+  // write carries the batch's buffers with it.
+  std::vector<unsigned char> more(2 * kEach);
+  const tide::buffer_entry entries[] = {{more.data(), kEach}, {more.data() + kEach, kEach}};
+  REQUIRE(owner->register_memory_batch(entries, "cpu:0"));
+  CHECK_FALSE(peer.sees(owner->segment_name(), more.data()));
+  REQUIRE(owner->unregister_memory(memory.data()));
+  CHECK_FALSE(peer.sees(owner->segment_name(), memory.data()));
+  CHECK(peer.sees(owner->segment_name(), more.data() + kEach));
+  CHECK(peer.buffers(owner->segment_name()) == kBuffers + 1);
+}
+
+TEST_CASE_TEMPLATE("publish_delay: the window's write stores a registration without a flush, and a peer that opened "
+                   "the segment before it reads the new buffer",
+                   S, etcd_store, http_store) {
+  // The memory outlives the engines that serve it (declared first).
+  std::vector<unsigned char> first(kEach, 1), later(kEach), dst(kEach);
+  for (std::size_t i = 0; i < later.size(); ++i) later[i] = static_cast<unsigned char>(i * 7 + 3);
+  S store;
+  auto owner = make_delayed(store, "", 100ms);
+  auto initiator = make(store, "");
+  REQUIRE(owner->register_memory(first.data(), kEach, "cpu:0"));
+  REQUIRE(owner->flush_metadata());
+  auto seg = initiator->open_segment(owner->segment_name());
+  REQUIRE(seg);
+  REQUIRE(initiator->register_memory(dst.data(), dst.size(), "cpu:0"));
+
+  const int puts0 = S::backend::puts.load();
+  REQUIRE(owner->register_memory(later.data(), kEach, "cpu:0"));
+  reader<S> peer(store, false);
+  CHECK(wait_until([&] { return peer.sees(owner->segment_name(), later.data()); }));
+  CHECK(S::backend::puts.load() - puts0 == 1);
+  // The initiator's cached descriptor predates `later`: the miss re-fetches it.
+  auto b = initiator->allocate_batch(1);
+  REQUIRE(b);
+  const auto r = tide::transfer_request::at_address(tide::transfer_op::read, dst.data(), *seg,
+                                                    reinterpret_cast<std::uint64_t>(later.data()), kEach);
+  REQUIRE(initiator->submit(*b, {&r, 1}));
+  REQUIRE(initiator->wait(*b, 30s));
+  auto st = initiator->status_of(*b, 0);
+  REQUIRE(st);
+  CHECK(st->state == tide::transfer_state::completed);
+  CHECK(dst == later);
+  REQUIRE(initiator->free_batch(*b));
+}
+
+TEST_CASE_TEMPLATE("publish_delay, store stopped: registrations still return; flush_metadata fails with the store's "
+                   "error and stores everything once the store is back",
+                   S, etcd_store, http_store) {
+  secret_file secret;
+  S store;
+  auto owner = make_delayed(store, secret.path.string(), 600000ms);
+  std::vector<unsigned char> memory(3 * kEach);
+  store.stop();
+  for (std::size_t i = 0; i < 3; ++i) REQUIRE(owner->register_memory(memory.data() + i * kEach, kEach, "cpu:0"));
+  auto r = owner->flush_metadata();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == errc::metadata_unavailable);
+  CHECK_MESSAGE(r.error().detail.find("flush_metadata: the descriptor was not stored") != std::string::npos,
+                r.error().message());
+  store.restart();
+  REQUIRE(owner->flush_metadata());
+  reader<S> peer(store, true);
+  CHECK(peer.buffers(owner->segment_name()) == 3);
 }
 
 int main(int argc, char** argv) { return tide::test::run_if_etcd(argc, argv); }

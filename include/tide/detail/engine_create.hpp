@@ -275,6 +275,10 @@ result<std::unique_ptr<transfer_engine<P>>> transfer_engine<P>::create(engine_co
     if (auto r = e->cache_->backend().put_key(key, encode_rpc_meta(host->host, im->server->port())); !r)
       return fail(r.error().code, "rpc_meta: " + r.error().detail);
     im->rpc_meta_key = key;
+    if (e->cfg_.publish_delay.count() > 0)
+      im->deferred = std::make_unique<detail::deferred_publisher>(e->cfg_.publish_delay, [self] {
+        return self->impl_->publisher.commit([self] { return self->transport_->publish(); });
+      });
   }
   if (e->cfg_.metrics_port != 0) {
     auto server = metrics::http_server::start(e->cfg_.metrics_bind, e->cfg_.metrics_port,

@@ -1,6 +1,7 @@
 #pragma once
 // Member definitions of transfer_engine<P> (included by engine.hpp).
 
+#include <tide/detail/deferred_publisher.hpp>
 #include <tide/detail/handshake_address.hpp>
 #include <tide/detail/log.hpp>
 #include <tide/detail/publish_group.hpp>
@@ -59,6 +60,10 @@ struct transfer_engine<P>::impl {
   /// write (group commit); a write carries the descriptor as it is when it
   /// starts, so every change made before its members joined.
   detail::publish_group publisher;
+  /// etcd/http with publish_delay: registrations leave their store write to
+  /// this thread (one per window).  Made by create() after the first
+  /// publish; reset first in ~transfer_engine, as its writes use the transport.
+  std::unique_ptr<detail::deferred_publisher> deferred;
   explicit impl(notify_limits limits) : inbox(limits) {}
   detail::notify_inbox inbox;
   std::shared_ptr<const wire::cluster_secret> secret;  ///< null: no authentication
@@ -107,6 +112,7 @@ transfer_engine<P>::transfer_engine(engine_config cfg)
 template <class P>
 transfer_engine<P>::~transfer_engine() {
   impl_->stopping_handshakes.store(true, std::memory_order_release);
+  impl_->deferred.reset();  // joins its thread: no delayed write reaches the transport below
   impl_->metrics_server.reset();  // joins its thread: no scrape reads the transport below
   if (impl_->server) impl_->server->stop();
   impl_->transport.store(nullptr, std::memory_order_release);
@@ -243,11 +249,30 @@ status transfer_engine<P>::store_changes(std::string_view what, std::string_view
 }
 
 template <class P>
+status transfer_engine<P>::store_registrations(std::string_view what, std::string_view after_failure) {
+  if (impl_->deferred) {
+    impl_->deferred->changed();
+    return {};
+  }
+  return store_changes(what, after_failure);
+}
+
+template <class P>
+status transfer_engine<P>::flush_metadata() {
+  if (!impl_->deferred) return {};
+  auto r = impl_->deferred->flush();
+  if (r) return r;
+  return fail(r.error().code, "flush_metadata: the descriptor was not stored (" +
+                                  (r.error().detail.empty() ? r.error().message() : r.error().detail) +
+                                  "); a delayed write tries again");
+}
+
+template <class P>
 status transfer_engine<P>::register_memory(void* addr, std::size_t len, std::string_view location,
                                            buffer_access access) {
   if (auto r = transport_->register_memory(addr, len, location, false, access); !r) return r;
-  return store_changes("register_memory",
-                       "the buffer is registered here and goes into the next descriptor the store takes");
+  return store_registrations("register_memory",
+                             "the buffer is registered here and goes into the next descriptor the store takes");
 }
 
 template <class P>
@@ -269,8 +294,8 @@ status transfer_engine<P>::register_memory_batch(std::span<const buffer_entry> b
       return fail(r.error().code, "buffer " + std::to_string(i) + ": " + r.error().detail);
     }
   }
-  return store_changes("register_memory_batch",
-                       "the buffers are registered here and go into the next descriptor the store takes");
+  return store_registrations("register_memory_batch",
+                             "the buffers are registered here and go into the next descriptor the store takes");
 }
 
 template <class P>
