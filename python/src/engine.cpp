@@ -224,6 +224,10 @@ void py_engine::unregister_memory_batch(const std::vector<std::uintptr_t>& addrs
   unwrap(call([&](engine_iface& e) { return e.unregister_memory_batch(ptrs); }));
 }
 
+void py_engine::flush_metadata() {
+  unwrap(call([](engine_iface& e) { return e.flush_metadata(); }));
+}
+
 std::uint32_t py_engine::buffer_id(std::uintptr_t addr) {
   return unwrap(call([&](engine_iface& e) { return e.buffer_id(as_pointer(addr)); }));
 }
@@ -521,6 +525,8 @@ void init_engine(pyb::module_& m) {
            "Registers them all or none, publishes once; returns their buffer ids.  `access`: one value per "
            "buffer (empty: remote_read_write).")
       .def("unregister_memory_batch", &py_engine::unregister_memory_batch, pyb::arg("addrs"))
+      .def("flush_metadata", &py_engine::flush_metadata,
+           "etcd/http with publish_delay_ms: stores the registrations made so far now; otherwise returns at once.")
       .def("buffer_id", &py_engine::buffer_id, pyb::arg("addr"))
       .def("allocate_managed", &py_engine::allocate_managed, pyb::arg("length"),
            "Maps and registers `length` bytes; the address.  Unmapped by free_managed, or once the engine is "

@@ -64,6 +64,7 @@ class py_engine {
                                                   const std::vector<std::size_t>& lens, const std::string& location,
                                                   const std::vector<int>& access);
   void unregister_memory_batch(const std::vector<std::uintptr_t>& addrs);
+  void flush_metadata();
   std::uint32_t buffer_id(std::uintptr_t addr);
   std::uintptr_t allocate_managed(std::size_t length);
   void free_managed(std::uintptr_t addr);

@@ -34,6 +34,7 @@ class engine_iface {
   [[nodiscard]] virtual status register_memory_batch(std::span<const buffer_entry> buffers,
                                                      std::string_view location) = 0;
   [[nodiscard]] virtual status unregister_memory_batch(std::span<void* const> addrs) = 0;
+  [[nodiscard]] virtual status flush_metadata() = 0;
   [[nodiscard]] virtual result<segment_id> open_segment(std::string_view name) = 0;
   [[nodiscard]] virtual status close_segment(segment_id id, in_flight mode) = 0;
   [[nodiscard]] virtual result<std::shared_ptr<const segment_desc>> segment_descriptor(segment_id id) const = 0;
@@ -79,6 +80,7 @@ class engine_model final : public engine_iface {
     return e_->register_memory_batch(buffers, location);
   }
   status unregister_memory_batch(std::span<void* const> addrs) override { return e_->unregister_memory_batch(addrs); }
+  status flush_metadata() override { return e_->flush_metadata(); }
   result<segment_id> open_segment(std::string_view name) override { return e_->open_segment(name); }
   status close_segment(segment_id id, in_flight mode) override { return e_->close_segment(id, mode); }
   result<std::shared_ptr<const segment_desc>> segment_descriptor(segment_id id) const override {

@@ -319,6 +319,15 @@ class Engine:
         return self._adopt([Registration(self, keep, address, nbytes, ro or readonly, view, access, bid)
                             for (keep, address, nbytes, ro, view), bid in zip(exports, ids)])
 
+    def flush_metadata(self) -> None:
+        """With etcd/http metadata and ``publish_delay_ms`` set, register()
+        returns before the store holds the buffer (the store gets it within
+        the delay); this stores every registration made so far now, e.g.
+        before telling a peer about a buffer.  Otherwise the store is already
+        current and it returns at once.  Raises MetadataError when the store
+        refuses (a later write tries again)."""
+        self._live().flush_metadata()
+
     def _adopt(self, regs: List[Registration]) -> List[Registration]:
         """Records registrations the engine has just made (raises EngineClosed,
         letting them go, when close() began meanwhile)."""
