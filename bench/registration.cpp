@@ -13,9 +13,12 @@
 // descriptor per registration; --threads T registers from T threads at once
 // (thread k takes buffers k, k+T, ...), which share PUTs (group commit).
 // The "puts" column counts the descriptor encodes (with a store: one per PUT)
-// of the one-by-one registrations.
+// of the one-by-one registrations.  --publish-delay MS sets publish_delay:
+// registrations return before the store has them, one write per window; the
+// times then include a flush_metadata() after the last call, so they end when
+// the store holds every buffer, as without a delay.
 //   tide-registration DEVICE|tcp [--counts 1,100,10000] [--total-mib 1024] [--secret FILE]
-//                    [--metadata CONNECTION] [--threads T]
+//                    [--metadata CONNECTION] [--threads T] [--publish-delay MS]
 #include <tide/engine.hpp>
 #include <tide/policy/etcd.hpp>
 #include <tide/policy/http.hpp>
@@ -83,6 +86,7 @@ struct http_policies : tide::default_policies {
 struct run_options {
   std::string device, secret, metadata;
   std::size_t threads = 1;
+  std::chrono::milliseconds publish_delay{0};
 };
 
 tide::engine_config config_for(const run_options& o, const std::string& secret) {
@@ -94,6 +98,7 @@ tide::engine_config config_for(const run_options& o, const std::string& secret) 
     cfg.devices = {o.device};
   cfg.auth_secret_file = secret;
   cfg.metadata = o.metadata;
+  cfg.publish_delay = o.publish_delay;
   // A descriptor of 10,000 buffers is megabytes per PUT: give the store time.
   if (!o.metadata.empty()) cfg.metadata_timeout = std::chrono::seconds(60);
   return cfg;
@@ -128,6 +133,10 @@ engine_times through_engine(const run_options& o, const std::string& secret, cha
     for (auto& th : threads) th.join();
   }
   if (failed) return t;
+  if (auto r = (*e)->flush_metadata(); !r) {
+    std::fprintf(stderr, "flush_metadata: %s\n", r.error().message().c_str());
+    return t;
+  }
   t.reg_ms = ms_since(t0);
   t.puts = (*e)->descriptor_encodes() - encodes0;
   t0 = clock_type::now();
@@ -156,6 +165,10 @@ engine_times through_engine(const run_options& o, const std::string& secret, cha
     std::fprintf(stderr, "register_memory_batch: %s\n", r.error().message().c_str());
     return t;
   }
+  if (auto r = (*e)->flush_metadata(); !r) {
+    std::fprintf(stderr, "flush_metadata: %s\n", r.error().message().c_str());
+    return t;
+  }
   t.batch_ms = ms_since(t0);
   return t;
 }
@@ -173,7 +186,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: tide-registration DEVICE [--counts 1,100,10000] [--total-mib 1024] [--secret FILE] "
-                 "[--metadata etcd://HOST:PORT|http://HOST:PORT/PATH] [--threads T]\n");
+                 "[--metadata etcd://HOST:PORT|http://HOST:PORT/PATH] [--threads T] [--publish-delay MS]\n");
     return 2;
   }
   run_options opts;
@@ -199,6 +212,8 @@ int main(int argc, char** argv) {
       if (value.rfind("etcd://", 0) != 0 && value.rfind("http://", 0) != 0)
         return std::fprintf(stderr, "--metadata: etcd://HOST:PORT or http://HOST:PORT/PATH, not %s\n", value.c_str()), 2;
       opts.metadata = value;
+    } else if (flag == "--publish-delay") {
+      opts.publish_delay = std::chrono::milliseconds(std::stoul(value));
     } else if (flag == "--threads") {
       opts.threads = std::stoul(value);
       if (opts.threads == 0) return std::fprintf(stderr, "--threads must be >= 1\n"), 2;
@@ -210,8 +225,9 @@ int main(int argc, char** argv) {
   char* base = static_cast<char*>(std::aligned_alloc(4096, total));
   if (base == nullptr) return std::fprintf(stderr, "cannot allocate %zu bytes\n", total), 1;
   std::memset(base, 0, total);  // touched once, so no run pays the first faults
-  std::printf("metadata %s, %zu registering thread(s)\n", opts.metadata.empty() ? "p2p" : opts.metadata.c_str(),
-              opts.threads);
+  std::printf("metadata %s, %zu registering thread(s), publish_delay %lld ms\n",
+              opts.metadata.empty() ? "p2p" : opts.metadata.c_str(), opts.threads,
+              static_cast<long long>(opts.publish_delay.count()));
   std::printf("%-8s %-9s %13s %12s %12s %8s %12s %14s %14s %14s %12s\n", "buffers", "each", "ibv_reg_mr ms", "tide ms",
               "us/buffer", "puts", "batch ms", "first open ms", "+secret ms", "+secret open", "+secret puts");
   int status = 0;
