@@ -257,6 +257,24 @@ TEST_CASE("deferred_publisher: changes from 8 threads are stored by one write pe
   CHECK_FALSE(store.overlapped.load());
 }
 
+TEST_CASE("deferred_publisher: changes that never stop are still stored: a window closes at its first change's "
+          "time plus the delay, later changes do not push it back") {
+  fake_store store;
+  publish_group group;
+  tide::detail::deferred_publisher deferred(50ms, [&] {
+    return group.commit([&] { return store.publish([] { return status{}; }); });
+  });
+  // A change every millisecond, until a write has been made (or the limit):
+  // a window that moved with each change would never close.
+  const auto limit = std::chrono::steady_clock::now() + 20s;
+  while (store.publishes.load() == 0 && std::chrono::steady_clock::now() < limit) {
+    (void)store.change();
+    deferred.changed();
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(store.publishes.load() >= 1);
+}
+
 TEST_CASE("deferred_publisher: flush stores at once and returns the store's error; the changes stay pending") {
   fake_store store;
   publish_group group;
