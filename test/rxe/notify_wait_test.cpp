@@ -111,7 +111,12 @@ TEST_CASE("two readers waiting, one on lane 0: 300 notifications once each, afte
   // A credit comes back only when lane 0 reposts the receive: most would go
   // over TCP if the reader running it left that undone.
   CHECK(out.sent_rdma >= kCount - 10);
-  CHECK(p.target_lane0().times_lent() - lent_before >= kCount / 2);
+  // That the reader ran the lane at all, many times: how often it gets the
+  // lane depends on the scheduler (the lane thread keeps it while it is
+  // spinning or the reader is not yet past its first millisecond).  A fresh-
+  // clone CI run, the host busy with the run itself, saw 133 of 300; others
+  // 241-258.  Whether its credits came back is what sent_rdma checks.
+  CHECK(p.target_lane0().times_lent() - lent_before >= kCount / 10);
 }
 
 TEST_CASE("a wait on lane 0 with nothing coming ends at its deadline, not at the lane's next wake-up") {
