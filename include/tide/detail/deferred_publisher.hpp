@@ -85,7 +85,8 @@ class deferred_publisher {
       if (stop_) return;
       // due_ only moves from empty to set, or back to empty (flush): wait
       // for the time it names, or for a flush that made it moot.
-      if (cv_.wait_until(lock, *due_, [&] { return stop_ || !due_ || clock::now() >= *due_; }) && stop_) return;
+      cv_.wait_until(lock, *due_, [&] { return stop_ || !due_ || clock::now() >= *due_; });
+      if (stop_) return;
       if (!due_ || clock::now() < *due_) continue;
       due_.reset();
       lock.unlock();

@@ -44,6 +44,16 @@ std::string policy_names() {
   return s;
 }
 
+/// `r`, or when a store write failed its error as the caller who waited for
+/// it is told: what was not stored, the store's reason, what becomes of the
+/// change.
+inline status descriptor_not_stored(status r, std::string_view what, std::string_view after_failure) {
+  if (r) return r;
+  const auto& e = r.error();
+  return fail(e.code, std::string(what) + ": the descriptor was not stored (" +
+                          (e.detail.empty() ? e.message() : e.detail) + "); " + std::string(after_failure));
+}
+
 }  // namespace detail
 
 template <class P>
@@ -240,11 +250,8 @@ status transfer_engine<P>::store_changes(std::string_view what, std::string_view
     // Every change this caller made is in the transport's list before it
     // joins, so the round's publish (which takes the list when it starts)
     // stores it; callers at once share the round's one encode and PUT.
-    auto r = impl_->publisher.commit([this] { return transport_->publish(); });
-    if (r) return r;
-    const auto& e = r.error();
-    return fail(e.code, std::string(what) + ": the descriptor was not stored (" +
-                            (e.detail.empty() ? e.message() : e.detail) + "); " + std::string(after_failure));
+    return detail::descriptor_not_stored(impl_->publisher.commit([this] { return transport_->publish(); }), what,
+                                         after_failure);
   }
 }
 
@@ -260,11 +267,7 @@ status transfer_engine<P>::store_registrations(std::string_view what, std::strin
 template <class P>
 status transfer_engine<P>::flush_metadata() {
   if (!impl_->deferred) return {};
-  auto r = impl_->deferred->flush();
-  if (r) return r;
-  return fail(r.error().code, "flush_metadata: the descriptor was not stored (" +
-                                  (r.error().detail.empty() ? r.error().message() : r.error().detail) +
-                                  "); a delayed write tries again");
+  return detail::descriptor_not_stored(impl_->deferred->flush(), "flush_metadata", "a delayed write tries again");
 }
 
 template <class P>
