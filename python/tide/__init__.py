@@ -13,7 +13,17 @@ Both run over RDMA and over TCP (``tide.Engine(transports="tcp")``,
 """
 from __future__ import annotations
 
-from . import _tide
+try:
+    from . import _tide
+except ImportError as _e:  # pragma: no cover - only in a source tree
+    from pathlib import Path as _Path
+
+    if not any(_Path(__file__).parent.glob("_tide*.so")):
+        raise ImportError(
+            f"this `tide` is tide's source tree ({_Path(__file__).parent}), which has no compiled extension: "
+            "install the module (python/README.md, \"Install\") and import it from outside python/ "
+            "(Python puts the current directory first on sys.path)", name="tide") from _e
+    raise
 from . import _log
 from ._log import flush_logs, forward_logs, get_log_level, set_log_level
 from ._batch import Batch

@@ -17,10 +17,13 @@ crashes or misbehaves, tide answers instead (each case is in docs/python.md):
   segment, a range past a managed buffer) get -1 or ValueError/TypeError with
   the reason.
 
-``initialize``'s ``protocol`` names the transport, as Mooncake's does: "rdma"
-installs RDMA alone (``device_name``: the NICs, "" every one), "tcp" TCP alone
-(``device_name`` is ignored); ``MC_FORCE_TCP`` (set to anything) means "tcp"
-whatever the protocol, as in Mooncake.
+``initialize``'s ``protocol`` names the transport: "rdma" installs RDMA alone
+(``device_name``: the NICs, "" every one), "tcp" TCP alone (``device_name`` is
+ignored); ``MC_FORCE_TCP`` (set to anything) means "tcp" whatever the protocol,
+as in Mooncake.  As in Mooncake's usual builds, "rdma" on a host with no RDMA
+device at all runs TCP (with a warning): vLLM's and SGLang's default protocol
+is "rdma", and Mooncake serves them over TCP there.  A ``device_name`` that
+names none of a host's devices stays an error (a typo, not a TCP host).
 
 The reason for the last -1 (or 0) is kept in ``last_error`` and, as Mooncake
 logs its failures, logged at ERROR on the ``logging`` logger ``"tide"``
@@ -49,6 +52,14 @@ _TRANSFER_LISTS = _tide.Engine.transfer_named
 _PROTOCOLS = {"rdma": "rdma", "tcp": "tcp"}
 _OTHER_TRANSPORTS = frozenset({"nvlink", "nvlink_intra", "hip", "musa", "efa", "cxi", "xgmi", "ascend", "barex"})
 _log = logging.getLogger("tide")
+
+
+def _host_rdma_devices() -> List[str]:
+    """The host's RDMA devices, as libibverbs finds them (sysfs)."""
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
 
 
 class TransferOpcode(enum.IntEnum):
@@ -178,6 +189,10 @@ class TransferEngine:
             return self._fail(f"initialize: unknown protocol {protocol!r} (tide's are 'rdma' and 'tcp')")
         # Mooncake's MC_FORCE_TCP: TCP alone whatever the protocol (set to anything, as Mooncake reads it).
         transports = "tcp" if os.environ.get("MC_FORCE_TCP") is not None else _PROTOCOLS[protocol]
+        if transports == "rdma" and not _host_rdma_devices():
+            _log.warning("initialize: protocol 'rdma' on a host without RDMA devices: TCP, as Mooncake does "
+                         "(pass protocol 'tcp' or set MC_FORCE_TCP=1 to say so)")
+            transports = "tcp"
         server = metadata_server
         if metadata_type is not None and server != "P2PHANDSHAKE" and "://" not in server:
             if metadata_type == "p2p":

@@ -117,6 +117,24 @@ assert dst.raw == src.raw
 a.close(); b.close()
 print("readme-install: mooncake.engine moved", len(src), "bytes over TCP")
 EOF
+echo "=== the drop-in from every working directory a user may be in" >&2
+# From the clone's root, python/compat (the drop-in's source copy beside the installed one: the
+# same package, not a Mooncake to refuse) and /; from python/ the source tree's `tide` shadows the
+# installed one, and the error must say so.
+for d in "$clone" "$clone/python/compat" /; do
+  got=$(cd "$d" && "$py" -c 'from mooncake.engine import TransferEngine; print(TransferEngine.__module__)' 2>&1) ||
+    { echo "$got" >&2; echo "readme-install: from mooncake.engine failed with the working directory $d" >&2; exit 1; }
+  [[ $got == tide._mooncake ]] || { echo "readme-install: in $d mooncake.engine is '$got'" >&2; exit 1; }
+done
+if got=$(cd "$clone/python" && "$py" -c 'import tide' 2>&1) || [[ $got != *"tide's source tree"* ]]; then
+  echo "$got" >&2
+  echo "readme-install: importing tide from python/ did not say that it is the source tree" >&2
+  exit 1
+fi
+# python/compat/README.md writes the path without ./: the same install.
+(cd "$clone" && "$clone/.venv/bin/pip" install -q --no-build-isolation --no-index --force-reinstall --no-deps python/compat)
+(cd / && "$py" -c 'from mooncake.engine import TransferEngine')
+
 echo "=== README.md's Python quick start (target.py, initiator.py) as written" >&2
 # The blocks are run unchanged; the environment keeps them on loopback (a program that sets no
 # local_server_name takes TIDE_LOCAL_SERVER_NAME).

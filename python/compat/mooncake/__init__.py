@@ -42,13 +42,23 @@ def _other_distributions():
     return sorted(set(found))
 
 
+def _is_this_drop_in(candidate: Path) -> bool:
+    """A copy of this package (the source tree's python/compat/mooncake, the installed one, a
+    build/lib copy) beside the one imported: the same drop-in, not a Mooncake to refuse."""
+    try:
+        text = (candidate / "__init__.py").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return f'_OURS = "{_OURS}"' in text and not any(candidate.glob("engine*.so"))
+
+
 def _other_packages():
     """Other directories named mooncake (a package) on sys.path."""
     found = []
     for entry in sys.path:
         candidate = Path(entry or ".") / "mooncake"
         try:
-            if not candidate.is_dir() or candidate.resolve() == _HERE:
+            if not candidate.is_dir() or candidate.resolve() == _HERE or _is_this_drop_in(candidate):
                 continue
             if (candidate / "__init__.py").is_file() or any(candidate.glob("engine*.so")):
                 found.append(str(candidate))

@@ -4,8 +4,10 @@ arguments and return codes), over RDMA or TCP (``initialize``'s protocol)."""
 from tide import TransferEngine, TransferNotify, TransferOpcode
 from tide._mooncake import Read, Write
 
-# Mooncake's build flags: tide moves host memory only.
-SUPPORT_CUDA = False
+# Mooncake's build flags.  SUPPORT_CUDA: Mooncake built with CUDA registers GPU memory; tide always
+# can (it loads the CUDA driver when it meets a GPU pointer, docs/gpu.md).  The others name
+# transports and allocators tide has not.
+SUPPORT_CUDA = True
 SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False
