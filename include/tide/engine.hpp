@@ -256,9 +256,12 @@ struct engine_config {
   std::uint16_t tcp_port = 0;
   /// I/O threads of the TCP transport (both directions) and connections per
   /// peer; a large request is cut into tcp_slice_size pieces spread over them.
+  /// Each piece costs a header, a status and a wakeup or two on both sides:
+  /// 1 MiB (iperf3's largest write) keeps that under the copy's cost, where
+  /// 256 KiB held 1 MiB requests on loopback to 0.8x iperf3 (docs/performance.md).
   unsigned tcp_io_threads = 2;
   unsigned tcp_conns_per_peer = 4;
-  std::size_t tcp_slice_size = std::size_t{256} << 10;
+  std::size_t tcp_slice_size = std::size_t{1} << 20;
   /// 2: status frames and persistent connections with peers that publish
   /// version 2; 1: Mooncake's first protocol with every peer (MC_TCP_PROTO=1).
   unsigned tcp_proto = 2;

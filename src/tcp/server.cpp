@@ -71,25 +71,34 @@ class session : public std::enable_shared_from_this<session> {
   enum class phase : std::uint8_t { auth, idle, header, payload, closed };
 
   // ---------------------------------------------------------------- deadlines
-  // One timer per phase: the deadline of the wait at hand.  During a payload
-  // it fires after progress_timeout and re-arms for the rest while bytes move.
+  // One timer per session watches the deadline of the wait at hand,
+  // last_progress_ns_ + limit_ (during a payload every read moves
+  // last_progress_ns_).  Entering a phase only stores the new deadline; the
+  // timer is re-armed when that deadline is earlier than the armed one, and
+  // when it fires before the deadline (which moved on meanwhile) it re-arms
+  // for the rest.  So a session serving thousands of requests a second
+  // re-arms about once per progress_timeout instead of three times a request
+  // (each a canceled wait run as a handler, and a timerfd update).
   void enter(phase p, std::chrono::milliseconds limit) {
     phase_ = p;
     last_progress_ns_ = now_ns();
     limit_ = limit;
+    const std::int64_t deadline = last_progress_ns_ + ms_to_ns(limit);
+    if (armed_ns_ == 0 || deadline < armed_ns_) arm(deadline);
+  }
+
+  void arm(std::int64_t deadline_ns) {
+    armed_ns_ = deadline_ns;
     const std::uint64_t gen = ++timer_gen_;
-    timer_.expires_after(limit);
+    timer_.expires_after(std::chrono::nanoseconds(std::max<std::int64_t>(0, deadline_ns - now_ns())));
     timer_.async_wait([self = shared_from_this(), gen](const error_code& e) { self->on_timer(e, gen); });
   }
 
   void on_timer(const error_code& e, std::uint64_t gen) {
     if (e || gen != timer_gen_ || phase_ == phase::closed) return;
-    const std::int64_t quiet = now_ns() - last_progress_ns_;
-    if (phase_ == phase::payload && quiet < ms_to_ns(limit_)) {
-      timer_.expires_after(std::chrono::nanoseconds(ms_to_ns(limit_) - quiet));
-      timer_.async_wait([self = shared_from_this(), gen](const error_code& e2) { self->on_timer(e2, gen); });
-      return;
-    }
+    armed_ns_ = 0;
+    const std::int64_t deadline = last_progress_ns_ + ms_to_ns(limit_);
+    if (now_ns() < deadline) return arm(deadline);
     if (phase_ != phase::idle) {
       counters::add(srv_.count().dropped);
       TIDE_LOG_WARN("tcp data port: " << peer_text() << " dropped: "
@@ -172,17 +181,23 @@ class session : public std::enable_shared_from_this<session> {
   }
 
   // ---------------------------------------------------------------- requests
+  // Idle until a header's first bytes arrive.  The read is tried at once (a
+  // pipelining client has usually sent the next header already) and takes
+  // at most one header, so no payload byte is consumed here.  Only a header
+  // that arrives in pieces enters the header phase and its shorter deadline.
   void wait_header() {
     enter(phase::idle, srv_.cfg().idle_timeout);
-    sock_.async_wait(asio_tcp::socket::wait_read, [self = shared_from_this()](const error_code& e) {
+    sock_.async_read_some(asio::buffer(header_), [self = shared_from_this()](const error_code& e, std::size_t k) {
       if (self->phase_ == phase::closed) return;
-      if (e) return self->close();
+      if (e) return self->close();  // the peer closed between requests: its right
+      if (k == self->header_.size()) return self->on_header();
       self->enter(phase::header, self->srv_.cfg().request_timeout);
-      asio::async_read(self->sock_, asio::buffer(self->header_), [self](const error_code& e2, std::size_t) {
-        if (self->phase_ == phase::closed) return;
-        if (e2) return self->close();  // the peer closed between requests: its right
-        self->on_header();
-      });
+      asio::async_read(self->sock_, asio::buffer(self->header_.data() + k, self->header_.size() - k),
+                       [self](const error_code& e2, std::size_t) {
+                         if (self->phase_ == phase::closed) return;
+                         if (e2) return self->close();
+                         self->on_header();
+                       });
     });
   }
 
@@ -356,6 +371,7 @@ class session : public std::enable_shared_from_this<session> {
   const std::string source_;
   phase phase_ = phase::idle;
   std::uint64_t timer_gen_ = 0;
+  std::int64_t armed_ns_ = 0;  ///< the deadline the timer waits for; 0: not armed
   std::int64_t last_progress_ns_ = 0;
   std::chrono::milliseconds limit_{0};
   wire::tcp_header_bytes header_{};

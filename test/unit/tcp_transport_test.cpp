@@ -636,6 +636,51 @@ TEST_CASE("tcp server: a slow sender (slowloris) is dropped at request_timeout; 
   ::close(fd);
 }
 
+// The session's one timer follows its deadline as it moves: later (idle after
+// requests, longer than progress_timeout and request_timeout, is not a stall)
+// and earlier (a payload that stops after an idle spell is dropped at
+// progress_timeout, not at the idle deadline the timer was armed for).
+TEST_CASE("tcp server: deadlines after many requests: idle is not a stall, a stalled payload is dropped") {
+  memory_table mem;
+  auto& buf = mem.add(4096);
+  tide::tcp::config sc = loopback_config();
+  sc.progress_timeout = 200ms;
+  sc.request_timeout = 300ms;
+  auto srv = tide::tcp::transport::create(sc, mem);
+  REQUIRE(srv);
+  const int fd = connect_raw((*srv)->port());
+  const timeval bound{10, 0};  // a read that would wait for the idle deadline fails instead
+  REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound) == 0);
+  const std::vector<std::uint8_t> payload(64, 0x5c);
+  const auto write_request = [&](std::size_t sent) {
+    const auto h = wire::encode_tcp_header({64, buf.addr(), transfer_op::write, true});
+    REQUIRE(::write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
+    REQUIRE(::write(fd, payload.data(), sent) == static_cast<ssize_t>(sent));
+  };
+  const auto status_ok = [&] {
+    wire::tcp_status_bytes st{};
+    return read_full(fd, st.data(), st.size()) == st.size() && wire::decode_tcp_status(st) == 0u;
+  };
+  for (int i = 0; i < 200; ++i) {
+    write_request(payload.size());
+    REQUIRE(status_ok());
+  }
+  std::this_thread::sleep_for(700ms);  // idle: past both shorter deadlines
+  write_request(payload.size());
+  CHECK(status_ok());
+  CHECK((*srv)->stats().dropped == 0);
+  std::this_thread::sleep_for(400ms);
+  write_request(10);  // then the payload stops
+  const auto t0 = std::chrono::steady_clock::now();
+  char c = 0;
+  CHECK(::read(fd, &c, 1) == 0);  // dropped
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 150ms);
+  CHECK(waited < 5s);  // progress_timeout, not the 300 s idle deadline
+  CHECK((*srv)->stats().dropped == 1);
+  ::close(fd);
+}
+
 // Caught a gather list handed to async_write_some from the stack: a send
 // that had to wait for the socket read freed memory and wrote other bytes.
 TEST_CASE("tcp: 32 requests of 1 MiB pipelined at once, every byte where it belongs") {
