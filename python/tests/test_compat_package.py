@@ -112,3 +112,55 @@ def test_refuses_a_mooncake_package_later_on_sys_path(venv, tmp_path):
     r = _run(venv, f"import sys; sys.path.append({str(other)!r}); import mooncake")
     assert r.returncode != 0
     assert f"package {other / 'mooncake'}" in r.stderr
+
+
+IMPORT_LINE = "from mooncake.engine import TransferEngine; print(TransferEngine.__module__)"
+
+
+def test_a_copy_of_the_drop_in_in_the_working_directory_is_no_conflict(venv, tmp_path):
+    # `python -c` puts the working directory first on sys.path: in the package's source directory
+    # (python/compat) its source copy is the `mooncake` imported and the installed copy is seen
+    # beside it; in a setuptools build/lib copy the same. Both are this drop-in, not a Mooncake.
+    source = venv.parent / "compat"  # the copy the fixture installed from
+    build_lib = tmp_path / "build" / "lib"
+    shutil.copytree(source / "mooncake", build_lib / "mooncake")
+    for cwd in (source, build_lib, venv.parent, "/"):
+        r = _run(venv, IMPORT_LINE, cwd=str(cwd))
+        assert r.returncode == 0, f"cwd {cwd}: {r.stderr}"
+        assert r.stdout.strip() == "tide._mooncake", f"cwd {cwd}: {r.stdout}"
+    # The source copy imported, the installed one beside it: still the same TransferEngine.
+    r = _run(venv, "import mooncake, tide; print(mooncake.__file__)\nfrom mooncake.engine import TransferEngine\n"
+                   "assert TransferEngine is tide.TransferEngine", cwd=str(source))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(source / "mooncake" / "__init__.py")
+
+
+def test_a_different_mooncake_beside_it_still_refuses(venv, tmp_path):
+    # A mooncake package later on sys.path that is not this drop-in (its __init__ lacks the
+    # drop-in's marker line): refused, as before the copies were told apart.
+    other = tmp_path / "mooncake"
+    other.mkdir()
+    (other / "__init__.py").write_text('"""Mooncake."""\n')
+    r = _run(venv, f"import sys; sys.path.append({str(tmp_path)!r}); import mooncake.engine")
+    assert r.returncode != 0 and "refuses to stand in for Mooncake" in r.stderr, r.stderr
+    assert f"package {other}" in r.stderr
+    # One that merely mentions the distribution's name is not a copy either.
+    (other / "__init__.py").write_text("# not tide-mooncake-compat\n")
+    r = _run(venv, f"import sys; sys.path.append({str(tmp_path)!r}); import mooncake.engine")
+    assert r.returncode != 0 and f"package {other}" in r.stderr, r.stderr
+
+
+def test_importing_from_the_source_tree_says_so(venv, tmp_path):
+    # From python/ the source tree's `tide` (no compiled _tide) shadows the installed module: the
+    # error says what happened and what to do, for `import tide` and for the drop-in's import line.
+    src = Path(COMPAT).resolve().parent / "tide"
+    if not (src / "__init__.py").is_file():
+        pytest.skip(f"no tide source tree beside {COMPAT}")
+    tree = tmp_path / "python"
+    shutil.copytree(src, tree / "tide", ignore=shutil.ignore_patterns("_tide*.so", "__pycache__"))
+    for code in ("import tide", IMPORT_LINE):
+        r = _run(venv, code, cwd=str(tree))
+        assert r.returncode != 0, f"{code}: {r.stdout}"
+        assert "ImportError: this `tide` is tide's source tree" in r.stderr, r.stderr
+        assert "install the module" in r.stderr and "outside python/" in r.stderr
+        assert "partially initialized" not in r.stderr.splitlines()[-1]

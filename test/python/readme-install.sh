@@ -126,14 +126,19 @@ for d in "$clone" "$clone/python/compat" /; do
     { echo "$got" >&2; echo "readme-install: from mooncake.engine failed with the working directory $d" >&2; exit 1; }
   [[ $got == tide._mooncake ]] || { echo "readme-install: in $d mooncake.engine is '$got'" >&2; exit 1; }
 done
-if got=$(cd "$clone/python" && "$py" -c 'import tide' 2>&1) || [[ $got != *"tide's source tree"* ]]; then
-  echo "$got" >&2
-  echo "readme-install: importing tide from python/ did not say that it is the source tree" >&2
-  exit 1
-fi
+for code in 'import tide' 'from mooncake.engine import TransferEngine'; do
+  if got=$(cd "$clone/python" && "$py" -c "$code" 2>&1) || [[ $got != *"tide's source tree"* ]]; then
+    echo "$got" >&2
+    echo "readme-install: '$code' from python/ did not say that tide there is the source tree" >&2
+    exit 1
+  fi
+done
 # python/compat/README.md writes the path without ./: the same install.
 (cd "$clone" && "$clone/.venv/bin/pip" install -q --no-build-isolation --no-index --force-reinstall --no-deps python/compat)
-(cd / && "$py" -c 'from mooncake.engine import TransferEngine')
+for d in "$clone" "$clone/python/compat" /; do
+  (cd "$d" && "$py" -c 'from mooncake.engine import TransferEngine') ||
+    { echo "readme-install: after 'pip install python/compat', the drop-in failed in $d" >&2; exit 1; }
+done
 
 echo "=== README.md's Python quick start (target.py, initiator.py) as written" >&2
 # The blocks are run unchanged; the environment keeps them on loopback (a program that sets no
