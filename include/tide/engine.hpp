@@ -235,7 +235,9 @@ struct engine_config {
   /// wait() polls the batch this long before it sleeps on the batch's
   /// condition variable (0 = sleep at once).  A small transfer ends within
   /// a few wire round trips, and waking a sleeping thread costs about as
-  /// much again; a long one pays this much CPU once.
+  /// much again; a long one pays this much CPU once.  Adaptive: after a
+  /// few waits in a row whose batch outlived the spin (large transfers over
+  /// TCP), waits sleep at once, and one in 16 spins again to see.
   std::chrono::microseconds wait_spin{200};
   /// The Prometheus endpoint (GET /metrics, <tide/metrics.hpp>): 0 = off
   /// (the default); else the port it listens on, on metrics_bind.

@@ -160,7 +160,7 @@ status each(F&& f) {
   TIDE_SETTING(rail_max_cooldown, .key = "rail_max_cooldown_ms", .meaning = "The longest rail pause", .lo = 1,
                .hi = kMaxMs, .unit = "ms")
   TIDE_SETTING(wait_spin, .key = "wait_spin_us",
-               .meaning = "wait() polls this long before it sleeps; 0: sleep at once", .lo = 0, .hi = 1000000,
+               .meaning = "wait() polls this long before it sleeps (not after 4 polls in a row that missed; 1 wait in 16 tries again); 0: sleep at once", .lo = 0, .hi = 1000000,
                .unit = "us")
   // ---- handshake, security, notifications ----
   TIDE_SETTING(bind_host, .key = "bind_host",

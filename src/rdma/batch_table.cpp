@@ -254,6 +254,14 @@ result<transfer_telemetry> batch_table::batch_telemetry(batch_id id) noexcept {
   return out;
 }
 
+// Spinning costs a core for as long as it runs: worth it while spins catch
+// their batch, a waste where batches outlive it (on a small host, the core
+// the transfer itself needs).
+bool batch_table::spin_pays() noexcept {
+  if (spin_misses_.load(std::memory_order_relaxed) < kSpinMisses) return true;
+  return spins_skipped_.fetch_add(1, std::memory_order_relaxed) % kSpinProbe == kSpinProbe - 1;
+}
+
 status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::chrono::microseconds spin) noexcept {
   detail::batch_state* b = lookup(id);
   if (b == nullptr) return fail(describe(errc::unknown_batch, "wait: unknown batch ", id));
@@ -261,19 +269,24 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
   const auto deadline = start + timeout;
   // The spin: a futex wake costs about as much as a small transfer's round
   // trip, so a batch that ends soon is caught awake.  The clock is read
-  // every 64 polls.
-  if (spin.count() > 0) {
+  // every 64 polls.  A batch already done needs no spin and teaches nothing.
+  if (spin.count() > 0 && b->unfinished.load(std::memory_order_acquire) != 0 && spin_pays()) {
     const auto spin_until = std::min(deadline, start + spin);
     for (std::uint32_t k = 1; b->unfinished.load(std::memory_order_acquire) != 0; ++k) {
       if ((k & 63) == 0 && std::chrono::steady_clock::now() >= spin_until) break;
       tide::detail::cpu_relax();
     }
-    // Ended while spinning: no lock, so the lane still finishing the last
-    // task is not met on mu (a sleep and a wake on a small transfer's path).
-    if (b->unfinished.load(std::memory_order_acquire) == 0) {
-      if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
-      return {};
+    if (b->unfinished.load(std::memory_order_acquire) != 0) {
+      spin_misses_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      spin_misses_.store(0, std::memory_order_relaxed);
     }
+  }
+  // Ended (while spinning, or before): no lock, so the lane still finishing
+  // the last task is not met on mu (a sleep and a wake on a small transfer's path).
+  if (b->unfinished.load(std::memory_order_acquire) == 0) {
+    if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
+    return {};
   }
   std::unique_lock lock(b->mu);
   b->sleepers.fetch_add(1, std::memory_order_seq_cst);

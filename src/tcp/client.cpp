@@ -386,6 +386,7 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   void read_done(op* o) {
+    recv_mark_.reset(sock_);
     counters::add(client_.count().bytes_read, o->length);
     inflight_.pop();
     complete(o, errc::ok);
@@ -394,6 +395,7 @@ class connection : public std::enable_shared_from_this<connection> {
 
   void read_payload(op* o, std::uint64_t off) {
     if (o->stager != nullptr) return read_staged(o, off, 0);
+    if (off > 0) recv_mark_.expect(sock_, o->length - off);
     sock_.async_read_some(asio::buffer(reinterpret_cast<void*>(o->local_addr + off), o->length - off),
                           [self = shared_from_this(), o, off](const error_code& e, std::size_t k) {
                             if (self->phase_ == phase::closed) return;
@@ -525,6 +527,7 @@ class connection : public std::enable_shared_from_this<connection> {
   // and a receive run at once.
   stage_buffer send_stage_;
   stage_buffer recv_stage_;
+  receive_watermark recv_mark_;  // READ payloads
   op* copy_failed_op_ = nullptr;  ///< ends with copy_failed_errc_ in fail_all
   errc copy_failed_errc_ = errc::copy_failed;
 

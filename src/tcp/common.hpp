@@ -76,6 +76,38 @@ struct counters {
   static void add(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept { c.fetch_add(n, std::memory_order_relaxed); }
 };
 
+/// The socket's receive low-water mark (SO_RCVLOWAT) while a large payload
+/// comes in.  A reader woken for every few segments that arrive pays a
+/// wake-up, an epoll_wait and a recv each time, and on loopback the sender's
+/// core pays for the wake-ups too; told to wait for the rest of the payload
+/// (up to kMax), the reader wakes about once per payload.  The mark never
+/// exceeds the bytes still due, or a reader could wait for bytes the peer
+/// will never send; between payloads it is 1 again, so a header or status
+/// is read at once.  The kernel caps it (tcp_rmem[2] / 2) and lets a reader
+/// in early when the receive buffer fills.  One I/O thread's, beside its socket.
+class receive_watermark {
+ public:
+  static constexpr std::uint64_t kMin = std::uint64_t{64} << 10;  ///< below this: no mark
+  static constexpr std::uint64_t kMax = std::uint64_t{4} << 20;
+  /// Before a read with `remaining` payload bytes still due.  The first read
+  /// of a payload goes without (a small one is usually all there).
+  void expect(asio_tcp::socket& s, std::uint64_t remaining) noexcept {
+    set(s, remaining >= kMin ? static_cast<int>(std::min(remaining, kMax)) : 1);
+  }
+  /// The payload is in: the next read takes whatever comes.
+  void reset(asio_tcp::socket& s) noexcept { set(s, 1); }
+  [[nodiscard]] int value() const noexcept { return mark_; }
+
+ private:
+  void set(asio_tcp::socket& s, int v) noexcept {
+    if (v == mark_) return;
+    error_code ec;
+    s.set_option(asio::socket_base::receive_low_watermark(v), ec);
+    if (!ec) mark_ = v;  // refused (a closed socket): nothing more is read from it
+  }
+  int mark_ = 1;
+};
+
 /// A bounce buffer for payloads a copy engine stages (GPU memory, or host
 /// memory with the staging switch): one per direction of a connection,
 /// allocated on the first staged request, page-locked by the first engine

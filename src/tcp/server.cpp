@@ -285,6 +285,7 @@ class session : public std::enable_shared_from_this<session> {
   }
 
   void write_served() {
+    watermark_.reset(sock_);
     release();
     counters::add(srv_.count().bytes_served_in, req_.size);
     counters::add(srv_.count().requests_served);
@@ -300,6 +301,7 @@ class session : public std::enable_shared_from_this<session> {
   // WRITE: the payload goes straight into the registered buffer.
   void receive_payload() {
     if (stager_ != nullptr) return receive_staged(0);
+    if (done_ > 0) watermark_.expect(sock_, req_.size - done_);
     sock_.async_read_some(asio::buffer(reinterpret_cast<void*>(req_.addr + done_), req_.size - done_),
                           [self = shared_from_this()](const error_code& e, std::size_t k) {
                             if (self->phase_ == phase::closed) return;
@@ -383,6 +385,7 @@ class session : public std::enable_shared_from_this<session> {
   // copy engine and its bounce buffer.
   const memory::copy_engine* stager_ = nullptr;
   stage_buffer stage_;
+  receive_watermark watermark_;  // WRITE payloads
   std::vector<std::uint8_t> scratch_;
   wire::auth_nonce server_nonce_{}, client_nonce_{};
   std::string identity_;

@@ -473,3 +473,35 @@ TEST_CASE("failed_peer_path stays valid after free_batch, with the segment view 
   CHECK(t->failed_paths_kept() == 1);  // one copy per path
   CHECK(reuse.front() == 'X');
 }
+
+TEST_CASE("wait: spins that keep outliving their batch stop; a probe that catches one turns spinning back on") {
+  using std::chrono::milliseconds, std::chrono::microseconds;
+  auto t = make_table(2);
+  const batch_id id = t->allocate(1).value();
+  auto* b = t->lookup(id);
+  fake_submit(*b, 1, 1);
+  // The batch outlives every spin: each wait spins, times out and counts a miss...
+  for (std::uint32_t i = 1; i <= batch_table::kSpinMisses; ++i) {
+    CHECK(t->wait(id, milliseconds(2), microseconds(500)).error().code == errc::timed_out);
+    CHECK(t->spin_misses() == i);
+  }
+  // ...then waits sleep at once, and one in kSpinProbe spins (and misses) again.
+  for (int round = 1; round <= 2; ++round) {
+    for (std::uint32_t i = 1; i < batch_table::kSpinProbe; ++i) {
+      CHECK(t->wait(id, milliseconds(1), microseconds(500)).error().code == errc::timed_out);
+      CHECK(t->spin_misses() == batch_table::kSpinMisses + round - 1);
+    }
+    if (round == 1) {
+      CHECK(t->wait(id, milliseconds(2), microseconds(500)).error().code == errc::timed_out);
+      CHECK(t->spin_misses() == batch_table::kSpinMisses + 1);
+    }
+  }
+  // The next probe spins for up to 10 s and catches the batch ending 20 ms in: spinning is on again.
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    rdma::detail::retire_slice(b->tasks[0].slices[0], errc::ok);
+  });
+  CHECK(t->wait(id, milliseconds(20000), microseconds(10'000'000)));
+  finisher.join();
+  CHECK(t->spin_misses() == 0);
+}

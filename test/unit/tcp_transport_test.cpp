@@ -698,3 +698,50 @@ TEST_CASE("tcp: 32 requests of 1 MiB pipelined at once, every byte where it belo
     CHECK_MESSAGE(same, "op " << i);
   }
 }
+
+// The data port waits for the rest of a large payload (SO_RCVLOWAT) instead
+// of waking for every few segments.  That mark must never exceed the bytes
+// still due, or the last part of a payload would sit unread until the
+// progress deadline, and it must be 1 again after the payload, or a header
+// sent after a pause would.
+TEST_CASE("tcp server: a large payload's last bytes and the next header are read at once") {
+  memory_table mem;
+  auto& buf = mem.add(2 << 20);
+  tide::tcp::config sc = loopback_config();
+  sc.progress_timeout = 5s;
+  auto srv = tide::tcp::transport::create(sc, mem);
+  REQUIRE(srv);
+  const int fd = connect_raw((*srv)->port());
+  const timeval bound{3, 0};  // a status held back by the mark fails the read instead
+  REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound) == 0);
+  const auto send_all = [&](const void* p, std::size_t n) {
+    for (std::size_t sent = 0; sent < n;) {
+      const ssize_t k = ::write(fd, static_cast<const char*>(p) + sent, n - sent);
+      REQUIRE(k > 0);
+      sent += static_cast<std::size_t>(k);
+    }
+  };
+  const auto status_ok = [&] {
+    wire::tcp_status_bytes st{};
+    return read_full(fd, st.data(), st.size()) == st.size() && wire::decode_tcp_status(st) == 0u;
+  };
+  const auto payload = pattern(2 << 20, 5);
+  const auto h = wire::encode_tcp_header({payload.size(), buf.addr(), transfer_op::write, true});
+  send_all(h.data(), h.size());
+  send_all(payload.data(), 256 << 10);
+  std::this_thread::sleep_for(100ms);  // the server reads that and waits for the rest
+  const auto t0 = std::chrono::steady_clock::now();
+  send_all(payload.data() + (256 << 10), payload.size() - (256 << 10));
+  REQUIRE(status_ok());
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(std::memcmp(buf.bytes.data() + memory_table::kGuard, payload.data(), payload.size()) == 0);
+  std::this_thread::sleep_for(100ms);  // the server waits for a header now
+  const std::vector<std::uint8_t> small(64, 0x3c);
+  const auto h2 = wire::encode_tcp_header({small.size(), buf.addr(), transfer_op::write, true});
+  send_all(h2.data(), h2.size());
+  send_all(small.data(), small.size());
+  CHECK(status_ok());
+  CHECK(buf.bytes[memory_table::kGuard] == 0x3c);
+  CHECK((*srv)->stats().dropped == 0);
+  ::close(fd);
+}

@@ -95,9 +95,16 @@ class batch_table {
   /// Every batch's tasks record into this when they turn final.
   [[nodiscard]] const transfer_meter& meter() const noexcept { return meter_; }
   /// Polls for `spin` (bounded by `timeout`), then sleeps on the batch's
-  /// condition variable until its last task ends or `timeout`.
+  /// condition variable until its last task ends or `timeout`.  The spin
+  /// is adaptive: after kSpinMisses waits in a row whose batch outlived it
+  /// (transfers longer than the spin, as large ones over TCP are), waits
+  /// sleep at once, and one in kSpinProbe spins again to see whether
+  /// batches end within it now; one that does turns spinning back on.
   [[nodiscard]] status wait(batch_id id, std::chrono::milliseconds timeout,
                             std::chrono::microseconds spin = {}) noexcept;
+  static constexpr std::uint32_t kSpinMisses = 4, kSpinProbe = 16;
+  /// Spins in a row that ran out before their batch ended (0 after one that caught it).
+  [[nodiscard]] std::uint32_t spin_misses() const noexcept { return spin_misses_.load(std::memory_order_relaxed); }
   /// Marks every task of batch `id` to end CANCELED, and the batch: a later
   /// submit to it is refused (errc::canceled).  Serialised with submit and
   /// free by the batch's submit mutex, and the id is checked again under
@@ -139,6 +146,12 @@ class batch_table {
   }
 
   static constexpr std::uint64_t live_tag(batch_id id) noexcept { return ((id >> 32) << 1) | 1u; }
+  [[nodiscard]] bool spin_pays() noexcept;
+
+  // wait()'s adaptive spin (relaxed: a hint shared by every waiting thread,
+  // which a race only makes spin once more or once less).
+  std::atomic<std::uint32_t> spin_misses_{0};
+  std::atomic<std::uint32_t> spins_skipped_{0};
 
   transfer_meter meter_;  ///< before the batches: they point at it
   detail::path_names paths_;  ///< likewise
