@@ -694,25 +694,70 @@ def test_vllm_failed_send_returns_nonzero(mc, engines, decodes):
 # Both: the default protocol on a host without RDMA
 # ---------------------------------------------------------------------------
 
-@pytest.mark.skipif(bool(rdma_devices()), reason="this host has RDMA devices: 'rdma' installs RDMA")
+def _host_has_rdma() -> bool:
+    from tide._mooncake import _host_rdma_devices  # what initialize's fallback looks at
+
+    return bool(_host_rdma_devices())
+
+
+def _fallback_warnings(caplog):
+    return [r for r in caplog.records if r.name == "tide" and r.levelname == "WARNING"
+            and "without RDMA devices" in r.getMessage()]
+
+
+@pytest.mark.skipif(_host_has_rdma(), reason="this host has RDMA devices: 'rdma' installs RDMA")
 def test_default_rdma_protocol_on_a_host_without_rdma(mc, engines, decodes, caplog):
     # Both stacks default to protocol "rdma" (vLLM's mooncake_protocol, SGLang's MOONCAKE_PROTOCOL /
     # its older wrappers). Mooncake's usual builds pick TCP when no HCA is found, and so does tide,
-    # with a warning: the stack runs unchanged, its first write lands.
+    # with one warning that says how to silence it: the stack runs unchanged, its writes land.
     decode = decodes("sglang", mc, protocol="rdma")
     assert decode.hello["rc_register"] == 0
     with caplog.at_level("WARNING", logger="tide"):
         p = SglangSide(engines("rdma"))
-    assert any("without RDMA devices" in r.getMessage() for r in caplog.records)
+    warned = _fallback_warnings(caplog)
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert "TCP" in warned[0].getMessage() and "protocol 'tcp'" in warned[0].getMessage()
+    assert "MC_FORCE_TCP" in warned[0].getMessage()
+    assert p.te._engine.stats()["nics"] == []  # no RDMA transport behind it
     assert p.batch_register() == 0
-    w = [(p.arena.ptrs["kv"][0], decode.ptrs["kv"][0], 8192)]
+    w = [(p.arena.ptrs["kv"][0], decode.ptrs["kv"][0], 8192), (p.arena.ptrs["aux"][1], decode.ptrs["aux"][1], 256)]
     assert p.transfer(decode.session, w) == 0
     decode.wrote(p.arena, w)
     decode.check()
-    # A device list that names no device is a typo only where devices exist: here it is TCP too.
+    # A device list naming a device is a typo only where devices exist: here it is TCP too.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tide"):
+        te = engines("rdma", "mlx5_0")
+    assert len(_fallback_warnings(caplog)) == 1
+    # Saying TCP (protocol "tcp", or MC_FORCE_TCP) is the same engine without the warning.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tide"):
+        engines("tcp")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MC_FORCE_TCP", "1")
+            engines("rdma")
+    assert _fallback_warnings(caplog) == []
+    assert te.get_rpc_port() > 0
+
+
+@pytest.mark.skipif(not _host_has_rdma(), reason="needs RDMA devices (the rxe VM)")
+def test_rdma_protocol_with_a_device_the_host_lacks_is_an_error(mc, devices, caplog):
+    # Where the host has RDMA devices, "rdma" stays RDMA: a device_name that names none of them is
+    # a typo, -1 with a reason that names what the host has, and no fallback to TCP.
+    from tide._mooncake import _host_rdma_devices
+
     te = mc.TransferEngine()
-    assert te.initialize(HOST, P2P, "rdma", "mlx5_0") == 0
-    te.close()
+    with caplog.at_level("WARNING", logger="tide"):
+        assert te.initialize(HOST, P2P, "rdma", "no_such_nic0") == -1
+    assert "no_such_nic0" in te.last_error
+    assert all(d in te.last_error for d in _host_rdma_devices()), te.last_error
+    assert _fallback_warnings(caplog) == []
+    ok = mc.TransferEngine()
+    assert ok.initialize(HOST, P2P, "rdma", devices[0]) == 0, ok.last_error
+    try:
+        assert {n["name"] for n in ok._engine.stats()["nics"]} == {devices[0]}
+    finally:
+        ok.close()
 
 
 def test_import_line_of_the_stacks(mc):

@@ -55,7 +55,8 @@ _log = logging.getLogger("tide")
 
 
 def _host_rdma_devices() -> List[str]:
-    """The host's RDMA devices, as libibverbs finds them (sysfs)."""
+    """The host's RDMA devices: the names in /sys/class/infiniband, where libibverbs and tide's own
+    scan (scan_hcas, behind _tide.local_topology) find them."""
     try:
         return sorted(os.listdir("/sys/class/infiniband"))
     except OSError:
@@ -190,8 +191,9 @@ class TransferEngine:
         # Mooncake's MC_FORCE_TCP: TCP alone whatever the protocol (set to anything, as Mooncake reads it).
         transports = "tcp" if os.environ.get("MC_FORCE_TCP") is not None else _PROTOCOLS[protocol]
         if transports == "rdma" and not _host_rdma_devices():
-            _log.warning("initialize: protocol 'rdma' on a host without RDMA devices: TCP, as Mooncake does "
-                         "(pass protocol 'tcp' or set MC_FORCE_TCP=1 to say so)")
+            _log.warning("initialize: protocol 'rdma' on a host without RDMA devices (none in "
+                         "/sys/class/infiniband): running TCP, as Mooncake does; pass protocol 'tcp' or set "
+                         "MC_FORCE_TCP=1 to silence this warning")
             transports = "tcp"
         server = metadata_server
         if metadata_type is not None and server != "P2PHANDSHAKE" and "://" not in server:
@@ -221,6 +223,11 @@ class TransferEngine:
         try:
             engine = _tide.Engine(json.dumps(config), "default")
         except TideError as e:
+            named = config.get("devices", [])
+            host = _host_rdma_devices()
+            if any(d not in host for d in named):  # a typo in device_name, not a TCP host
+                return self._fail(f"initialize: {e} (device_name {device_name!r}; this host's RDMA devices: "
+                                  f"{', '.join(host) or 'none'})")
             return self._fail(f"initialize: {e}")
         finally:
             with self._lock:
