@@ -270,23 +270,25 @@ status batch_table::wait(batch_id id, std::chrono::milliseconds timeout, std::ch
   // The spin: a futex wake costs about as much as a small transfer's round
   // trip, so a batch that ends soon is caught awake.  The clock is read
   // every 64 polls.  A batch already done needs no spin and teaches nothing.
-  if (spin.count() > 0 && b->unfinished.load(std::memory_order_acquire) != 0 && spin_pays()) {
-    const auto spin_until = std::min(deadline, start + spin);
-    for (std::uint32_t k = 1; b->unfinished.load(std::memory_order_acquire) != 0; ++k) {
-      if ((k & 63) == 0 && std::chrono::steady_clock::now() >= spin_until) break;
-      tide::detail::cpu_relax();
+  if (spin.count() > 0) {
+    if (b->unfinished.load(std::memory_order_acquire) != 0 && spin_pays()) {
+      const auto spin_until = std::min(deadline, start + spin);
+      for (std::uint32_t k = 1; b->unfinished.load(std::memory_order_acquire) != 0; ++k) {
+        if ((k & 63) == 0 && std::chrono::steady_clock::now() >= spin_until) break;
+        tide::detail::cpu_relax();
+      }
+      if (b->unfinished.load(std::memory_order_acquire) != 0) {
+        spin_misses_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        spin_misses_.store(0, std::memory_order_relaxed);
+      }
     }
-    if (b->unfinished.load(std::memory_order_acquire) != 0) {
-      spin_misses_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      spin_misses_.store(0, std::memory_order_relaxed);
+    // Ended while spinning (or before): no lock, so the lane still finishing
+    // the last task is not met on mu (a sleep and a wake on a small transfer's path).
+    if (b->unfinished.load(std::memory_order_acquire) == 0) {
+      if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
+      return {};
     }
-  }
-  // Ended (while spinning, or before): no lock, so the lane still finishing
-  // the last task is not met on mu (a sleep and a wake on a small transfer's path).
-  if (b->unfinished.load(std::memory_order_acquire) == 0) {
-    if (!still(*b, id)) return fail(describe(errc::unknown_batch, "wait: batch freed meanwhile: ", id));
-    return {};
   }
   std::unique_lock lock(b->mu);
   b->sleepers.fetch_add(1, std::memory_order_seq_cst);
