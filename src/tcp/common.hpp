@@ -96,7 +96,6 @@ class receive_watermark {
   }
   /// The payload is in: the next read takes whatever comes.
   void reset(asio_tcp::socket& s) noexcept { set(s, 1); }
-  [[nodiscard]] int value() const noexcept { return mark_; }
 
  private:
   void set(asio_tcp::socket& s, int v) noexcept {
