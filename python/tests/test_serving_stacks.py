@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import pattern, rdma_devices  # noqa: E402
+from conftest import pattern  # noqa: E402
 
 HOST = "127.0.0.1"
 P2P = "P2PHANDSHAKE"
@@ -694,10 +694,10 @@ def test_vllm_failed_send_returns_nonzero(mc, engines, decodes):
 # Both: the default protocol on a host without RDMA
 # ---------------------------------------------------------------------------
 
-def _host_has_rdma() -> bool:
-    from tide._mooncake import _host_rdma_devices  # what initialize's fallback looks at
+def _host_rdma_devices():
+    from tide._mooncake import _host_rdma_devices as devices  # what initialize's fallback looks at
 
-    return bool(_host_rdma_devices())
+    return devices()
 
 
 def _fallback_warnings(caplog):
@@ -705,7 +705,7 @@ def _fallback_warnings(caplog):
             and "without RDMA devices" in r.getMessage()]
 
 
-@pytest.mark.skipif(_host_has_rdma(), reason="this host has RDMA devices: 'rdma' installs RDMA")
+@pytest.mark.skipif(bool(_host_rdma_devices()), reason="this host has RDMA devices: 'rdma' installs RDMA")
 def test_default_rdma_protocol_on_a_host_without_rdma(mc, engines, decodes, caplog):
     # Both stacks default to protocol "rdma" (vLLM's mooncake_protocol, SGLang's MOONCAKE_PROTOCOL /
     # its older wrappers). Mooncake's usual builds pick TCP when no HCA is found, and so does tide,
@@ -740,12 +740,10 @@ def test_default_rdma_protocol_on_a_host_without_rdma(mc, engines, decodes, capl
     assert te.get_rpc_port() > 0
 
 
-@pytest.mark.skipif(not _host_has_rdma(), reason="needs RDMA devices (the rxe VM)")
+@pytest.mark.skipif(not _host_rdma_devices(), reason="needs RDMA devices (the rxe VM)")
 def test_rdma_protocol_with_a_device_the_host_lacks_is_an_error(mc, devices, caplog):
     # Where the host has RDMA devices, "rdma" stays RDMA: a device_name that names none of them is
     # a typo, -1 with a reason that names what the host has, and no fallback to TCP.
-    from tide._mooncake import _host_rdma_devices
-
     te = mc.TransferEngine()
     with caplog.at_level("WARNING", logger="tide"):
         assert te.initialize(HOST, P2P, "rdma", "no_such_nic0") == -1

@@ -183,6 +183,27 @@ std::size_t read_full(int fd, void* p, std::size_t n) {
   return got;
 }
 
+// Writes all n bytes.
+void write_full(int fd, const void* p, std::size_t n) {
+  for (std::size_t sent = 0; sent < n;) {
+    const ssize_t k = ::write(fd, static_cast<const char*>(p) + sent, n - sent);
+    REQUIRE(k > 0);
+    sent += static_cast<std::size_t>(k);
+  }
+}
+
+// Bounds every read on fd: one that would wait for a deadline under test fails instead.
+void bound_reads(int fd, std::chrono::seconds limit) {
+  const timeval bound{static_cast<time_t>(limit.count()), 0};
+  REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound) == 0);
+}
+
+// Reads one version-2 status frame: true when it says ok.
+bool status_ok(int fd) {
+  wire::tcp_status_bytes st{};
+  return read_full(fd, st.data(), st.size()) == st.size() && wire::decode_tcp_status(st) == 0u;
+}
+
 }  // namespace
 
 TEST_CASE("tcp data codec: Mooncake's 24-byte header and status frames") {
@@ -649,25 +670,20 @@ TEST_CASE("tcp server: deadlines after many requests: idle is not a stall, a sta
   auto srv = tide::tcp::transport::create(sc, mem);
   REQUIRE(srv);
   const int fd = connect_raw((*srv)->port());
-  const timeval bound{10, 0};  // a read that would wait for the idle deadline fails instead
-  REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound) == 0);
+  bound_reads(fd, 10s);  // not the 300 s idle deadline
   const std::vector<std::uint8_t> payload(64, 0x5c);
   const auto write_request = [&](std::size_t sent) {
     const auto h = wire::encode_tcp_header({64, buf.addr(), transfer_op::write, true});
-    REQUIRE(::write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
-    REQUIRE(::write(fd, payload.data(), sent) == static_cast<ssize_t>(sent));
-  };
-  const auto status_ok = [&] {
-    wire::tcp_status_bytes st{};
-    return read_full(fd, st.data(), st.size()) == st.size() && wire::decode_tcp_status(st) == 0u;
+    write_full(fd, h.data(), h.size());
+    write_full(fd, payload.data(), sent);
   };
   for (int i = 0; i < 200; ++i) {
     write_request(payload.size());
-    REQUIRE(status_ok());
+    REQUIRE(status_ok(fd));
   }
   std::this_thread::sleep_for(700ms);  // idle: past both shorter deadlines
   write_request(payload.size());
-  CHECK(status_ok());
+  CHECK(status_ok(fd));
   CHECK((*srv)->stats().dropped == 0);
   std::this_thread::sleep_for(400ms);
   write_request(10);  // then the payload stops
@@ -712,35 +728,23 @@ TEST_CASE("tcp server: a large payload's last bytes and the next header are read
   auto srv = tide::tcp::transport::create(sc, mem);
   REQUIRE(srv);
   const int fd = connect_raw((*srv)->port());
-  const timeval bound{3, 0};  // a status held back by the mark fails the read instead
-  REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound) == 0);
-  const auto send_all = [&](const void* p, std::size_t n) {
-    for (std::size_t sent = 0; sent < n;) {
-      const ssize_t k = ::write(fd, static_cast<const char*>(p) + sent, n - sent);
-      REQUIRE(k > 0);
-      sent += static_cast<std::size_t>(k);
-    }
-  };
-  const auto status_ok = [&] {
-    wire::tcp_status_bytes st{};
-    return read_full(fd, st.data(), st.size()) == st.size() && wire::decode_tcp_status(st) == 0u;
-  };
+  bound_reads(fd, 3s);  // a status held back by the mark fails the read
   const auto payload = pattern(2 << 20, 5);
   const auto h = wire::encode_tcp_header({payload.size(), buf.addr(), transfer_op::write, true});
-  send_all(h.data(), h.size());
-  send_all(payload.data(), 256 << 10);
+  write_full(fd, h.data(), h.size());
+  write_full(fd, payload.data(), 256 << 10);
   std::this_thread::sleep_for(100ms);  // the server reads that and waits for the rest
   const auto t0 = std::chrono::steady_clock::now();
-  send_all(payload.data() + (256 << 10), payload.size() - (256 << 10));
-  REQUIRE(status_ok());
+  write_full(fd, payload.data() + (256 << 10), payload.size() - (256 << 10));
+  REQUIRE(status_ok(fd));
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   CHECK(std::memcmp(buf.bytes.data() + memory_table::kGuard, payload.data(), payload.size()) == 0);
   std::this_thread::sleep_for(100ms);  // the server waits for a header now
   const std::vector<std::uint8_t> small(64, 0x3c);
   const auto h2 = wire::encode_tcp_header({small.size(), buf.addr(), transfer_op::write, true});
-  send_all(h2.data(), h2.size());
-  send_all(small.data(), small.size());
-  CHECK(status_ok());
+  write_full(fd, h2.data(), h2.size());
+  write_full(fd, small.data(), small.size());
+  CHECK(status_ok(fd));
   CHECK(buf.bytes[memory_table::kGuard] == 0x3c);
   CHECK((*srv)->stats().dropped == 0);
   ::close(fd);
