@@ -746,13 +746,15 @@ TEST_CASE("open/close and register/unregister cycles leave no QP, MR or endpoint
   auto b = make_engine({devs[1]});
   buffer la(64 << 10), lb(64 << 10);
   REQUIRE(b->register_memory(lb.data, lb.size));
-  int cycles = 10000;
+  // A QP, MR or endpoint that a cycle leaves behind shows in the counts below after any number
+  // of cycles; 2000 keep the drain and the id recycling busy (10000 took 28 s in the TCG VM).
+  int cycles = 2000;
   if (const char* c = std::getenv("TIDE_TEST_CYCLES")) cycles = std::atoi(c);
   for (int i = 0; i < cycles; ++i) {
     REQUIRE(a->register_memory(la.data, la.size));
     auto seg = a->open_segment(b->segment_name());
     REQUIRE_MESSAGE(seg, "cycle " << i << ": " << (seg ? "" : seg.error().message()));
-    if (i % 1000 == 0)
+    if (i % 200 == 0)
       REQUIRE(run_one(*a, transfer_request::at_address(transfer_op::write, la.data, *seg,
                                                        reinterpret_cast<std::uint64_t>(lb.data), 4096)));
     REQUIRE(a->close_segment(*seg));
