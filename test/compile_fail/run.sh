@@ -63,6 +63,7 @@ for h in "$root"/policies/tide/policy/*.hpp "$root"/policies/tide/policy/detail/
   spawn check_header "$h" "$@"
 done
 wait
-cat "$out_dir"/*
-fails=$(cat "$out_dir"/* | grep -c '^FAIL')
+results=$(cat "$out_dir"/*)
+printf '%s\n' "$results"
+fails=$(printf '%s\n' "$results" | grep -c '^FAIL')
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
